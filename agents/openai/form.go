@@ -209,14 +209,22 @@ func (r *refusedNames) walk(doc any, inMessage func(string)) {
 
 // refusedName is the parameter that name, as a refusal writes it, starts with: its leading
 // word, "stream_options" of "'stream_options'", of "stream_options.include_usage", of
-// "'stream_options': {…".
+// "'stream_options': {…", and of "include_usage" alone (nestedParams).
 func refusedName(name string) string {
 	name = strings.TrimLeft(name, " '\"{[")
 	if i := strings.IndexFunc(name, func(r rune) bool { return !isWordRune(r) }); i >= 0 {
 		name = name[:i]
 	}
+	if p, ok := nestedParams[name]; ok {
+		return p
+	}
 	return name
 }
+
+// nestedParams are the fields inside a parameter of the agent's request that a refusal may name
+// alone (Go's encoding/json names only the field it does not know), with the parameter that
+// holds them: stream_options.include_usage.
+var nestedParams = map[string]string{"include_usage": "stream_options"}
 
 // messageStart matches what may come before the words of an error message: space, and the
 // exception names that LiteLLM puts first ("litellm.BadRequestError: OpenAIException - ").
@@ -312,6 +320,12 @@ var refusedPhrases = []struct {
 	// what it refuses.
 	{regexp.MustCompile(`target type: ([\w]+)[\w.\[\]]*: unknown field ` + "`"), true},
 	{regexp.MustCompile(`unknown field ` + "`([\\w.]+)`"), true},
+	// Go's encoding/json, which servers that decode the request with DisallowUnknownFields
+	// answer (http.Error's plain text, or in an error's message): `json: unknown field
+	// "stream_options"`, in double quotes (decode.go's fmt.Errorf("json: unknown field %q",
+	// key)), of a field inside a parameter by its own name alone ("include_usage"; see
+	// refusedName). Before, it named nothing.
+	{regexp.MustCompile(`json: unknown field "([\w.]+)"`), true},
 }
 
 // isWordRune reports whether r may be part of a parameter's name.

@@ -306,8 +306,10 @@ func TestRefusedParameterKeepsTheRetriesCounted(t *testing.T) {
 // and "Unsupported parameter", Azure OpenAI's "Unrecognized request argument(s) supplied" and
 // "Validation error at #/…", Groq's "property … is unsupported", LiteLLM's "does not support
 // parameters", pydantic's validation errors (FastAPI's 422 detail list, Mistral's, vLLM's as
-// Python's repr), whose loc names the field, and serde's "unknown field `…`" (an axum-based
-// server's plain-text 422; before, nothing named, every streamed turn was refused). A refusal that merely holds the request (a
+// Python's repr), whose loc names the field, serde's "unknown field `…`" (an axum-based
+// server's plain-text 422; before, nothing named, every streamed turn was refused), and Go's
+// encoding/json's `json: unknown field "…"` (a server that decodes with DisallowUnknownFields;
+// the same before). A refusal that merely holds the request (a
 // proxy, or vLLM's validation error, that echoes the body it refused for another reason) does
 // not switch: the next refusal of a streamed request would then be met without stream_options,
 // and every streamed turn's token usage went uncounted from then on. Before, any 400 or 422 whose
@@ -337,8 +339,16 @@ func TestStreamOptionsRefusalShapes(t *testing.T) {
 		{"an axum server's 422", 422, "Failed to deserialize the JSON body into the target type: unknown field `stream_options`, expected one of `model`, `messages`, `max_tokens`, `temperature`, `stream` at line 1 column 121", true},
 		{"an axum server's 422 of a field inside it", 422, "Failed to deserialize the JSON body into the target type: stream_options: unknown field `include_usage`, expected `continuous_usage_stats` at line 1 column 118", true},
 		{"serde's words in JSON", 400, `{"message":"Failed to deserialize the JSON body into the target type: unknown field ` + "`stream_options`" + `, expected one of ` + "`model`, `messages`" + `"}`, true},
+		// Go's encoding/json with DisallowUnknownFields (decode.go: fmt.Errorf("json: unknown
+		// field %q", key)), as http.Error's plain text or an error's message; of a field
+		// inside stream_options, by its own name alone.
+		{"a Go server's plain text", 400, "json: unknown field \"stream_options\"\n", true},
+		{"a Go server's error in JSON", 400, `{"error":{"message":"json: unknown field \"stream_options\"","type":"invalid_request_error"}}`, true},
+		{"a Go server's of a field inside it", 400, "json: unknown field \"include_usage\"\n", true},
+		{"a Go server's behind a prefix", 400, `{"error":{"message":"invalid request body: json: unknown field \"stream_options\""}}`, true},
 		// Refusals that only hold the request.
 		{"an axum server's 422 of another field", 422, "Failed to deserialize the JSON body into the target type: unknown field `seed`, expected one of `model`, `messages`, `stream`, `stream_options` at line 1 column 121", false},
+		{"a Go server's of another field", 400, "json: unknown field \"seed\"\n", false},
 		{"vLLM's value error echoing the body", 400, `{"error":{"message":"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': {'model': 'gpt-test', 'n': 2, 'stream': True, 'stream_options': {'include_usage': True}}}","type":"BadRequestError","param":null,"code":400}}`, false},
 		{"a proxy echoing the body in its message", 400, `{"error":{"message":"upstream rejected the request ` + strings.ReplaceAll(echoed, `"`, `\"`) + `","type":"proxy_error"}}`, false},
 		{"a proxy echoing the body in plain text", 400, "bad request: " + echoed, false},
@@ -375,7 +385,8 @@ func TestStreamOptionsRefusalShapes(t *testing.T) {
 // TestMaxTokensRefusalShapes: the bound goes by max_completion_tokens for good only when the
 // refusal names max_tokens as a parameter the endpoint does not take (refusedNames's
 // unknown): OpenAI's and Azure OpenAI's answer for their reasoning models (its param and code,
-// or its wording alone, as proxies pass it on), LiteLLM's, pydantic's extra_forbidden in a 422.
+// or its wording alone, as proxies pass it on), LiteLLM's, pydantic's extra_forbidden in a 422,
+// serde's and Go's "unknown field" (Go's named nothing before).
 // A refusal of max_tokens' value (OpenAI's "max_tokens is too large", vLLM's "'max_tokens' or
 // 'max_completion_tokens' is too large" when the context is full, a 422 of its range) asks for
 // a smaller bound, not another name, and one that merely holds the name (an echo of the chat's
@@ -395,6 +406,7 @@ func TestMaxTokensRefusalShapes(t *testing.T) {
 		{"LiteLLM's own", 400, `{"error":{"message":"litellm.UnsupportedParamsError: openai does not support parameters: ['max_tokens'], for model=gpt-test. To drop these, set litellm.drop_params=True","type":"invalid_request_error","param":null,"code":"400"}}`, true},
 		{"a 422 of pydantic's extra_forbidden", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","max_tokens"],"msg":"Extra inputs are not permitted","input":300}]}`, true},
 		{"an axum server's 422", 422, "Failed to deserialize the JSON body into the target type: unknown field `max_tokens`, expected one of `model`, `messages`, `max_completion_tokens` at line 1 column 80", true},
+		{"a Go server's DisallowUnknownFields", 400, "json: unknown field \"max_tokens\"\n", true},
 		// Refusals of its value, or that merely hold the name.
 		{"OpenAI, too large", 400, `{"error":{"message":"max_tokens is too large: 300. This model supports at most 256 completion tokens, whereas you provided 300.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
 		{"vLLM, the context full", 400, `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 4096 tokens and your request has 3900 input tokens (300 > 4096 - 3900). (parameter=max_tokens, value=300)","type":"BadRequestError","param":"max_tokens","code":400}}`, false},
