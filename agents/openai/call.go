@@ -851,6 +851,12 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 		case strings.HasPrefix(line, ":"): // a comment (keep-alive)
 		default:
 			field, value, _ := strings.Cut(line, ":")
+			if field == "error" {
+				// llama.cpp's server before its late-2025 rework sent an error in a stream as
+				// a field of its own, "error: {…}", then "data: [DONE]": the error it is, not
+				// an empty reply (errorField).
+				return nil, a.errorField(strings.TrimPrefix(value, " "), partial != nil && b.Len() > 0)
+			}
 			if field == "data" {
 				value = strings.TrimPrefix(value, " ")
 				// Lines are bounded one by one; an event that never ends (no blank line)
@@ -864,6 +870,35 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 	}
 	res.text = b.String()
 	return res, nil
+}
+
+// errorField is the error of a stream's "error:" line, value, which llama.cpp's server sent
+// until its late-2025 rework (server_sent_event(sink, "error", error_data), then "data:
+// [DONE]"): its error object, as a 200's body would hold it under "error" ({"code":400,
+// "message":"the request exceeds the available context size…","type":"…"}, with n_prompt_tokens
+// and n_ctx for exceed_context_size_error), read as apply reads one (its code is its status);
+// an object that holds "error" is read for that, and a value that is no JSON object is the
+// message of an error that names no status. shown is set when text was streamed to the user
+// before it. Before, the line was skipped, and the turn ended as a reply without text (or a
+// stream that broke off), the server's reason unsaid.
+func (a *Agent) errorField(value string, shown bool) error {
+	raw := json.RawMessage(strings.TrimSpace(value))
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		msg := value
+		if msg == "" {
+			msg = "an error without a message"
+		}
+		return &StatusError{Code: http.StatusOK, Message: sanitize(msg, a.keyString()), inBand: true, shown: shown}
+	}
+	if inner, ok := obj["error"]; ok && len(inner) > 0 && string(inner) != "null" {
+		raw = inner
+	}
+	err := a.apply(&result{}, &completion{Error: raw}, &strings.Builder{})
+	if se, ok := errors.AsType[*StatusError](err); ok {
+		se.shown = shown
+	}
+	return err
 }
 
 // byteOrderMark is UTF-8's, which a server may put before a body.

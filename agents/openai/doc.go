@@ -91,7 +91,8 @@
 // turn fails at once with an agents.Refusal whose notice says that the endpoint rate-limited it
 // (a 429) and how long to wait, rounded up to the second (askedToWait). A wait past
 // maxRetryAfter (some 31 years) is read as that, not as none. An
-// error sent inside a 200 (an error event mid-stream, an error body) counts as the status its
+// error sent inside a 200 (an error event mid-stream, llama.cpp's older "error: {…}" stream
+// line: errorField, an error body) counts as the status its
 // code or type names (inBandStatus), retried as that status would be unless text was already
 // shown. A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
 // endpoint's answer), is retried as a body that broke off: a chat completion changes nothing

@@ -1,6 +1,7 @@
 package openai_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -337,6 +338,69 @@ func TestStreamedRefusalIsNoReply(t *testing.T) {
 	}
 	if len(partials) != 0 {
 		t.Errorf("partials %q, want none: a refusal is no reply", partials)
+	}
+}
+
+// TestStreamErrorField: llama.cpp's server, until its late-2025 rework, sent an error in a
+// stream as a field of its own, "error: {…}", then "data: [DONE]" (server.cpp's
+// server_sent_event(sink, "error", error_data); the body as ggml-org/llama.cpp#14566 and
+// coddy-project/coddy-agent#106 quote it): it is read as the error it is, as the same error in
+// a "data:" event or a 200's body would be. A prompt too long for the context is a conversation
+// too long (/new); exceed_context_size_error's numbers, where the prompt fits, blame the
+// max_tokens setting (an ERR); an error after text was streamed fails the turn with the
+// server's message, not sent again. Before, the line was skipped: the turn ended as a reply
+// without text (or, with no [DONE] after it, as a response that broke off, sent again), the
+// server's reason unsaid, and a reply broken off by an error was taken for whole.
+func TestStreamErrorField(t *testing.T) {
+	const tooLong = "the request exceeds the available context size. try increasing the context size or enable context shift"
+	for _, tc := range []struct {
+		name, body string
+		want       string // in the notice, or in the error when it is no Refusal
+		refusal    bool
+		newHelps   bool // the notice names /new
+		operator   bool // an ERR for the operator
+		partials   int
+	}{
+		{"a prompt too long (b5630)",
+			`error: {"code":400,"message":"` + tooLong + `","type":"invalid_request_error"}` + "\n\ndata: [DONE]\n\n",
+			"conversation is too long", true, true, false, 0},
+		{"a prompt too long, the stream ending after it",
+			`error: {"code":400,"message":"request (4476 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}` + "\n\n",
+			"conversation is too long", true, true, false, 0},
+		{"exceed_context_size_error, the prompt fits",
+			`error: {"code":400,"message":"` + tooLong + `","type":"exceed_context_size_error","n_prompt_tokens":7000,"n_ctx":8192}` + "\n\ndata: [DONE]\n\n",
+			"max_tokens setting", true, true, true, 0},
+		{"an error after text",
+			`data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n" + `error: {"code":500,"message":"Context size has been exceeded.","type":"server_error"}` + "\n\ndata: [DONE]\n\n",
+			"Context size has been exceeded.", false, false, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Raw("text/event-stream", tc.body))
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxTokens = 2000 })
+			partials := 0
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) { partials++ }})
+			ref, isRef := errors.AsType[*agents.Refusal](err)
+			switch {
+			case err == nil:
+				t.Fatalf("Run = %+v, want an error", resp)
+			case isRef != tc.refusal:
+				t.Fatalf("Run error = %v (refusal %v), want a Refusal: %v", err, isRef, tc.refusal)
+			case isRef && (!strings.Contains(ref.Notice, tc.want) || strings.Contains(ref.Notice, "/new") != tc.newHelps):
+				t.Fatalf("Run error = %v, want a Refusal saying %q, /new named: %v", err, tc.want, tc.newHelps)
+			case !isRef && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("Run error = %v, want the server's message %q", err, tc.want)
+			}
+			if m.Count() != 1 {
+				t.Errorf("the model got %d requests, want 1", m.Count())
+			}
+			if partials != tc.partials {
+				t.Errorf("partials = %d, want %d", partials, tc.partials)
+			}
+			if got := strings.Contains(logs.String(), "level=ERROR"); got != tc.operator {
+				t.Errorf("an ERR logged: %v, want %v:\n%s", got, tc.operator, logs.String())
+			}
+		})
 	}
 }
 
