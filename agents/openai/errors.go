@@ -248,7 +248,8 @@ const maxContextScan = maxErrorBody
 // runes, and the numbers of a wording behind a proxy's prefix, LiteLLM's, fell past the cut, so
 // that a max_tokens at fault read as a conversation too long), and its error body (raw, when
 // not nil), whose type llama.cpp's server sets to exceed_context_size_error for a prompt that
-// does not fit in its context (400), with n_prompt_tokens and n_ctx. That server refuses for the
+// does not fit in its context (400), with n_prompt_tokens and n_ctx, also when a proxy passes
+// that error on in its message (wrappedExceedOf: LiteLLM's). That server refuses for the
 // prompt alone (a reply is cut at the context's end, never refused), so a prompt as long as the
 // context or longer is the conversation's, whatever the request's max_tokens; one shorter than
 // the context (a server that counts max_tokens in, or a proxy's) can be refused only for the
@@ -271,6 +272,26 @@ func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRe
 			c = cut
 		}
 	}
+	if c.counted {
+		return c
+	}
+	prompt, ctx, ok := exceedOf(raw)
+	if !ok {
+		prompt, ctx, ok = wrappedExceedOf(message, sent)
+	}
+	if !ok {
+		return c
+	}
+	c.tooLong = true
+	if maxTokens > 0 && prompt >= 0 && prompt < ctx {
+		c.counted, c.overflow = true, contextOverflow{context: ctx, input: prompt, output: maxTokens}
+	}
+	return c
+}
+
+// exceedOf reads an error body, raw, for llama.cpp's exceed_context_size_error: its
+// n_prompt_tokens and n_ctx (0 for one it lacks), and whether it is one.
+func exceedOf(raw []byte) (prompt, ctx int, ok bool) {
 	var doc struct {
 		Error struct {
 			Type   string `json:"type"`
@@ -278,14 +299,41 @@ func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRe
 			Ctx    int    `json:"n_ctx"`
 		} `json:"error"`
 	}
-	if c.counted || len(raw) == 0 || json.Unmarshal(raw, &doc) != nil || doc.Error.Type != "exceed_context_size_error" {
-		return c
+	if len(raw) == 0 || json.Unmarshal(raw, &doc) != nil || doc.Error.Type != "exceed_context_size_error" {
+		return 0, 0, false
 	}
-	c.tooLong = true
-	if e := doc.Error; maxTokens > 0 && e.Prompt >= 0 && e.Prompt < e.Ctx {
-		c.counted, c.overflow = true, contextOverflow{context: e.Ctx, input: e.Prompt, output: maxTokens}
+	return doc.Error.Prompt, doc.Error.Ctx, true
+}
+
+// The fields of llama.cpp's exceed_context_size_error in a message that holds the error, as a
+// proxy passes it on: LiteLLM's "litellm.BadRequestError: OpenAIException - Error code: 400 -
+// {'error': {'code': 400, 'message': '…', 'type': 'exceed_context_size_error',
+// 'n_prompt_tokens': 7000, 'n_ctx': 8192}}" (the OpenAI client's error, whose body is
+// Python's repr), or its JSON in another proxy's message.
+var (
+	wrappedExceedType   = regexp.MustCompile(`['"]type['"]\s*:\s*['"]exceed_context_size_error['"]`)
+	wrappedExceedPrompt = regexp.MustCompile(`['"]n_prompt_tokens['"]\s*:\s*(\d{1,9})\b`)
+	wrappedExceedCtx    = regexp.MustCompile(`['"]n_ctx['"]\s*:\s*(\d{1,9})\b`)
+)
+
+// wrappedExceedOf reads a refusal's message for llama.cpp's exceed_context_size_error passed on
+// by a proxy (wrappedExceedType): its n_prompt_tokens and n_ctx (0 for one it lacks), and
+// whether it holds one. A message of the chat the request sent that names the type too may be
+// echoed in it: then it is not read. Before, behind LiteLLM, a prompt shorter than n_ctx (the
+// max_tokens setting at fault) read as a conversation too long, by its words alone.
+func wrappedExceedOf(message string, sent []byte) (prompt, ctx int, ok bool) {
+	if !wrappedExceedType.MatchString(message) ||
+		slices.ContainsFunc(chatTexts(sent), func(text string) bool { return strings.Contains(text, "exceed_context_size_error") }) {
+		return 0, 0, false
 	}
-	return c
+	n := func(re *regexp.Regexp) int {
+		if m := re.FindStringSubmatch(message); m != nil {
+			v, _ := strconv.Atoi(m[1])
+			return v
+		}
+		return 0
+	}
+	return n(wrappedExceedPrompt), n(wrappedExceedCtx), true
 }
 
 // contextWordsOf is what message says in words of a request too long for the model's context.

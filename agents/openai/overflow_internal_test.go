@@ -26,6 +26,8 @@ func FuzzContextOverflow(f *testing.F) {
 		"This model's maximum context length is 0 tokens. However, you requested 0 tokens (0 in the messages, 0 in the completion).",
 		`{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":12,"n_ctx":1024}}`,
 		`{"error":{"type":"exceed_context_size_error","n_prompt_tokens":-5,"n_ctx":99999999999999999999}}`,
+		`{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'type': 'exceed_context_size_error', 'n_prompt_tokens': 7000, 'n_ctx': 8192}}","type":null}}`,
+		"{'type': 'exceed_context_size_error', 'n_prompt_tokens': 99999999999, 'n_ctx': 1}",
 		"",
 	} {
 		f.Add(s, 2000)

@@ -187,6 +187,18 @@ func TestMaxTokensLargerThanTheContext(t *testing.T) {
 			"max_tokens setting", true, true},
 		{"llama.cpp, max_tokens past the context", `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":12,"n_ctx":1024}}`,
 			"max_tokens setting", false, true},
+		// llama.cpp's behind LiteLLM, which passes it on in its message as the OpenAI client's
+		// error ("Error code: 400 - " and the body as Python's repr), with n_prompt_tokens and
+		// n_ctx, under BadRequestError or ContextWindowExceededError: read as the bare one.
+		// Before, by its words alone, a conversation too long whatever its numbers.
+		{"llama.cpp behind LiteLLM, the prompt fits", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'the request exceeds the available context size. try increasing the context size or enable context shift', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 7000, 'n_ctx': 8192}}\nReceived Model Group=local\nAvailable Model Group Fallbacks=None","type":null,"param":null,"code":"400"}}`,
+			"max_tokens setting", true, true},
+		{"llama.cpp behind LiteLLM, max_tokens past the context", `{"error":{"message":"litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'request (12 tokens) exceeds the available context size (1024 tokens), try increasing it', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 12, 'n_ctx': 1024}}","type":null,"param":null,"code":"400"}}`,
+			"max_tokens setting", false, true},
+		{"llama.cpp behind LiteLLM, prompt too long", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'request (14429 tokens) exceeds the available context size (8192 tokens), try increasing it', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 14429, 'n_ctx': 8192}}","type":null,"param":null,"code":"400"}}`,
+			"conversation is too long", true, false},
+		{"llama.cpp's JSON in a proxy's message, the prompt fits", `{"error":{"message":"upstream answered 400: {\"error\":{\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":7000,\"n_ctx\":8192}}","type":"upstream_error"}}`,
+			"max_tokens setting", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, tc.body))
@@ -469,7 +481,8 @@ func TestRefusalsThatDifferBesideTheirIDsAreNotTheSame(t *testing.T) {
 // TestEchoedChatIsNotAContextRefusal: a refusal that echoes the request it refused (vLLM's
 // validation error holds it whole as its input) holds the chat's words, which may speak of the
 // model's context, or paste a vLLM refusal of max_tokens: read past the message's first 200
-// characters only where the chat does not say the same, they are not the endpoint's. The
+// characters only where the chat does not say the same, they are not the endpoint's; nor is
+// llama.cpp's exceed_context_size_error as a proxy passes it on, pasted into the chat. The
 // rider the endpoint cannot take is left out (the request without it answers), no ERR blames
 // max_tokens, and the user is not told the conversation is too long. Before (7c8252f reads the
 // whole message), the echoed words read as a conversation too long, or a max_tokens that does
@@ -479,6 +492,7 @@ func TestEchoedChatIsNotAContextRefusal(t *testing.T) {
 	for _, rider := range []string{
 		"what is the context window of this model? \x00",
 		"I got this: 'max_tokens' is too large: 9000. This model's maximum context length is 8192 tokens and your request has 12 input tokens (9000 > 8192 - 12). \x00",
+		"LiteLLM said {'error': {'code': 400, 'type': 'exceed_context_size_error', 'n_prompt_tokens': 7000, 'n_ctx': 8192}} \x00",
 	} {
 		t.Run(rider[:20], func(t *testing.T) {
 			var m *openaitest.Model
