@@ -324,8 +324,14 @@ var refusedPhrases = []struct {
 	// answer (http.Error's plain text, or in an error's message): `json: unknown field
 	// "stream_options"`, in double quotes (decode.go's fmt.Errorf("json: unknown field %q",
 	// key)), of a field inside a parameter by its own name alone ("include_usage"; see
-	// refusedName). Before, it named nothing.
-	{regexp.MustCompile(`json: unknown field "([\w.]+)"`), true},
+	// refusedName). Before, it named nothing. Its quotes may be escaped: a proxy that passes
+	// the server's JSON body on as text in its message (as LiteLLM passes Anthropic's on,
+	// "AnthropicException - {\"type\":\"error\",…}", BerriAI/litellm#16525) holds `json:
+	// unknown field \"stream_options\"` once its own JSON is read. encoding/json/v2's
+	// RejectUnknownMembers (GOEXPERIMENT=jsonv2 since Go 1.25) words it `unknown object member
+	// name "include_usage" within "/stream_options"`. Before, neither named anything.
+	{regexp.MustCompile(`json: unknown field \\?"([\w.]+)\\?"`), true},
+	{regexp.MustCompile(`unknown object member name \\?"([\w.]+)\\?"`), true},
 }
 
 // isWordRune reports whether r may be part of a parameter's name.

@@ -346,9 +346,18 @@ func TestStreamOptionsRefusalShapes(t *testing.T) {
 		{"a Go server's error in JSON", 400, `{"error":{"message":"json: unknown field \"stream_options\"","type":"invalid_request_error"}}`, true},
 		{"a Go server's of a field inside it", 400, "json: unknown field \"include_usage\"\n", true},
 		{"a Go server's behind a prefix", 400, `{"error":{"message":"invalid request body: json: unknown field \"stream_options\""}}`, true},
+		// Its JSON body passed on as text in a proxy's message (as LiteLLM passes Anthropic's
+		// on: "AnthropicException - {\"type\":\"error\",…}", BerriAI/litellm#16525), whose
+		// quotes are escaped once the proxy's JSON is read; encoding/json/v2's wording
+		// (RejectUnknownMembers, as go1.26 GOEXPERIMENT=jsonv2 prints it), of a field inside
+		// stream_options too. Before, both named nothing.
+		{"a Go server's JSON in a proxy's message", 400, `{"error":{"message":"upstream answered 400: {\"error\":{\"message\":\"json: unknown field \\\"stream_options\\\"\",\"type\":\"invalid_request_error\"}}","type":"upstream_error"}}`, true},
+		{"Go's json/v2", 400, "json: cannot unmarshal JSON string into Go api.ChatRequest: unknown object member name \"stream_options\"\n", true},
+		{"Go's json/v2 of a field inside it", 400, `{"error":{"message":"json: cannot unmarshal JSON string into Go api.StreamOptions: unknown object member name \"include_usage\" within \"/stream_options\""}}`, true},
 		// Refusals that only hold the request.
 		{"an axum server's 422 of another field", 422, "Failed to deserialize the JSON body into the target type: unknown field `seed`, expected one of `model`, `messages`, `stream`, `stream_options` at line 1 column 121", false},
 		{"a Go server's of another field", 400, "json: unknown field \"seed\"\n", false},
+		{"a Go server's JSON in a proxy's message, of another field", 400, `{"error":{"message":"upstream answered 400: {\"error\":{\"message\":\"json: unknown field \\\"seed\\\"\"}}","type":null}}`, false},
 		{"vLLM's value error echoing the body", 400, `{"error":{"message":"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, n must be 1', 'input': {'model': 'gpt-test', 'n': 2, 'stream': True, 'stream_options': {'include_usage': True}}}","type":"BadRequestError","param":null,"code":400}}`, false},
 		{"a proxy echoing the body in its message", 400, `{"error":{"message":"upstream rejected the request ` + strings.ReplaceAll(echoed, `"`, `\"`) + `","type":"proxy_error"}}`, false},
 		{"a proxy echoing the body in plain text", 400, "bad request: " + echoed, false},
@@ -407,6 +416,8 @@ func TestMaxTokensRefusalShapes(t *testing.T) {
 		{"a 422 of pydantic's extra_forbidden", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","max_tokens"],"msg":"Extra inputs are not permitted","input":300}]}`, true},
 		{"an axum server's 422", 422, "Failed to deserialize the JSON body into the target type: unknown field `max_tokens`, expected one of `model`, `messages`, `max_completion_tokens` at line 1 column 80", true},
 		{"a Go server's DisallowUnknownFields", 400, "json: unknown field \"max_tokens\"\n", true},
+		{"a Go server's JSON in a proxy's message", 400, `{"error":{"message":"upstream answered 400: {\"error\":{\"message\":\"json: unknown field \\\"max_tokens\\\"\"}}","type":"upstream_error"}}`, true},
+		{"Go's json/v2", 400, "json: cannot unmarshal JSON string into Go api.ChatRequest: unknown object member name \"max_tokens\"\n", true},
 		// Refusals of its value, or that merely hold the name.
 		{"OpenAI, too large", 400, `{"error":{"message":"max_tokens is too large: 300. This model supports at most 256 completion tokens, whereas you provided 300.","type":"invalid_request_error","param":"max_tokens","code":null}}`, false},
 		{"vLLM, the context full", 400, `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 4096 tokens and your request has 3900 input tokens (300 > 4096 - 3900). (parameter=max_tokens, value=300)","type":"BadRequestError","param":"max_tokens","code":400}}`, false},
