@@ -95,7 +95,9 @@
 // error sent inside a 200 (an error event mid-stream, llama.cpp's older "error: {…}" stream
 // line: errorField, an error body) counts as the status its
 // code or type names (inBandStatus), retried as that status would be unless text was already
-// shown. A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
+// shown; after text, a 400 (vLLM's streamed error for any exception) is a reply broken off, not
+// a refusal: not sent again without the riders, and the user asked to try again
+// (TestErrorAfterTextIsNoRefusal). A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
 // endpoint's answer), is retried as a body that broke off: a chat completion changes nothing
 // on the endpoint. A stream breaks off when its
 // body ends before "data: [DONE]" and before a chunk with a finish reason (a proxy that cuts it

@@ -155,10 +155,11 @@ func (a *Agent) refusal(err error, every, probed bool) error {
 		// other requests (not every): this message, or an older one of the conversation,
 		// which only a fresh session leaves behind.
 		notice = "its model endpoint refused the request, also without the earlier messages that got no answer; this message is sent again with your next one, and if that is refused too, send /new to start a fresh session"
-	case se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity:
+	case !se.shown && (se.Code == http.StatusBadRequest || se.Code == http.StatusUnprocessableEntity):
 		// For what the request holds: a message the endpoint cannot take, or the agent's
 		// configuration. It carried no earlier unanswered messages to send it again without
-		// (refusesWhatItHolds), or it was a call for steered messages.
+		// (refusesWhatItHolds), or it was a call for steered messages. Not an error after text
+		// was shown: a reply broken off, which another try may finish (as after a 500).
 		notice = "its model endpoint refused the request; this message is sent again with your next one, and left out only if the endpoint then takes that one without it"
 	default:
 		return err
@@ -170,10 +171,13 @@ func (a *Agent) refusal(err error, every, probed bool) error {
 // it holds that says nothing of what (a 400 or 422 that names neither the context, nor a
 // content policy, nor only settings: see refusal): a message the endpoint cannot take, or the
 // agent's configuration, or the endpoint (a proxy's bare 400). Run tells them apart by sending
-// the request again without the earlier unanswered messages (the riders).
+// the request again without the earlier unanswered messages (the riders). An error a stream
+// sent after text was shown (shown) is none: the endpoint took the request and broke off its
+// reply (vLLM's streamed errors say 400 for any exception), and sent again the reply would
+// start over before the user's eyes.
 func (a *Agent) refusesWhatItHolds(err error) (*StatusError, bool) {
 	se, ok := errors.AsType[*StatusError](err)
-	if !ok || (se.Code != http.StatusBadRequest && se.Code != http.StatusUnprocessableEntity) || se.refused.settingsOnly() {
+	if !ok || se.shown || (se.Code != http.StatusBadRequest && se.Code != http.StatusUnprocessableEntity) || se.refused.settingsOnly() {
 		return nil, false
 	}
 	if se.Code == http.StatusBadRequest &&

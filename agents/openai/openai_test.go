@@ -404,6 +404,44 @@ func TestStreamErrorField(t *testing.T) {
 	}
 }
 
+// TestErrorAfterTextIsNoRefusal: an error a stream sends after text was shown, with a 400 as
+// its code, is a reply broken off, not a refusal of what the request held: vLLM's streamed
+// error (serving_engine.py's create_streaming_error_response, whose status defaults to 400
+// BadRequestError, for any exception in the middle of a reply), or llama.cpp's older "error:"
+// line. The request is not sent again without the earlier messages that got no answer, which
+// showed the user the reply start over, nor are they left out; the turn fails with the
+// server's message, and its sender is asked to try again (no Refusal), as after a 500. Before,
+// the 400 read as a refusal of the riders: the request went again without them.
+func TestErrorAfterTextIsNoRefusal(t *testing.T) {
+	const text = `data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n"
+	for _, tc := range []struct{ name, body string }{
+		{"vLLM", text + `data: {"error":{"object":"error","message":"list index out of range","type":"BadRequestError","param":null,"code":400}}` + "\n\ndata: [DONE]\n\n"},
+		{"llama.cpp's error line", text + `error: {"code":400,"message":"list index out of range","type":"invalid_request_error"}` + "\n\ndata: [DONE]\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Raw("text/event-stream", tc.body))
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, nil)
+			req := ridersRequest("s1", "what is the time?", "and the date?")
+			var shown []string
+			req.Partial = func(s string) { shown = append(shown, s) }
+			resp, err := a.Run(t.Context(), req)
+			if _, isRef := errors.AsType[*agents.Refusal](err); err == nil || isRef || !strings.Contains(err.Error(), "list index out of range") {
+				t.Fatalf("Run error = %v, want the server's message, no Refusal", err)
+			}
+			if resp != nil && resp.RidersLeftOut {
+				t.Errorf("Run left the riders out")
+			}
+			if m.Count() != 1 || len(shown) != 1 {
+				t.Errorf("the model got %d requests, the user was shown %q; want 1 request, the text shown once", m.Count(), shown)
+			}
+			if strings.Contains(logs.String(), "level=ERROR") {
+				t.Errorf("logs hold an ERR:\n%s", logs.String())
+			}
+		})
+	}
+}
+
 // TestMaxCompletionTokens: an endpoint that refuses max_tokens and asks for
 // max_completion_tokens (OpenAI's reasoning models) gets the request again at once with the
 // bound under that name, and every later request too; the turn is answered. Before, every turn
