@@ -274,7 +274,7 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	case "":
 		return &httpplatform.MessageResponse{MessageID: messageID, SessionKey: key, SessionID: r.SessionId,
 			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}, nil
-	case actors.ErrCodeNotFound, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
+	case actors.ErrCodeNotFound, actors.ErrCodeNoSession, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
 		return nil, &httpplatform.RefusedError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
 	case actors.ErrCodeStopped:
 		// Its write may have committed: the message may be queued already.

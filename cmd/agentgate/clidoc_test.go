@@ -25,6 +25,7 @@ var cliDocSections = []struct {
 	{"`sessions export`", exportJSON{}},
 	{"`sessions search --json`", searchJSON{}},
 	{"`sessions quarantined --json`", quarantinedJSON{}},
+	{"`sessions requeue --json`", requeueJSON{}},
 	{"`bench --json`", benchReport{}},
 	{"The session object", sessionJSON{}},
 	{"The message object", messageJSON{}},
@@ -48,7 +49,7 @@ type docField struct {
 }
 
 // TestCLIDocListsEveryJSONField: docs/CLI.md documents every field the JSON output of sessions
-// list, show, export, search and quarantined and of bench --json holds, with its type and, for
+// list, show, export, search, quarantined and requeue and of bench --json holds, with its type and, for
 // one left out when empty, when it is absent; and it documents no field they do not have. The
 // fields are read from the Go types the commands encode; and what the sessions commands print
 // of a seeded data directory decodes into those types with no field left over, so a command

@@ -179,6 +179,15 @@ func (a *daemonAnswer) noSession() bool {
 	return a.code == httpplatform.CodeNoSession || a.code == httpplatform.CodeNotFound && a.msg == "no such session"
 }
 
+// unknownRoute reports whether a 404 with the error code and message of daemonPost's reading
+// is the daemon's answer to a route it does not have, not its refusal of the key or message the
+// request names: agentgate's own "no such route" (not_found), or a body that is not agentgate's
+// JSON error at all (no code), such as net/http's "404 page not found". A daemon older than the
+// command (one still running during a rolling upgrade) answers so a route added since.
+func unknownRoute(code, msg string) bool {
+	return code == "" || code == httpplatform.CodeNotFound && strings.HasPrefix(msg, "no such route")
+}
+
 // daemonNoun names the process an admin command asks in its messages: "member" in cluster mode,
 // where each member registers its address in the store and any of them is asked, else "daemon".
 func daemonNoun(cfg *config.Config) string {
@@ -283,6 +292,16 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 		return nil, &notTheDaemon{fmt.Sprintf("the process at %s refused the %s: %s", addr, what, a.msg)}
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return nil, fmt.Errorf("the %[1]s at %[2]s answered %[3]s (a redirect to %[4]q, not followed): is this the %[1]s's address?", noun, addr, resp.Status, resp.Header.Get("Location"))
+	case resp.StatusCode == http.StatusNotFound && unknownRoute(e.Error.Code, a.msg):
+		// Not the key's or the message's 404: the daemon has no route for the request. Before,
+		// a requeue read agentgate's "no such route" as a message the key does not have, and
+		// net/http's plain "404 page not found" was printed as the daemon's answer.
+		answered := resp.Status + ": " + a.msg
+		if a.msg == "" {
+			answered = resp.Status + " with no body"
+		}
+		return nil, fmt.Errorf("the %s at %s does not know the %s route (it answered %s): it is likely an agentgate older than this command; "+
+			"upgrade it, then run the command again (nothing was changed)", noun, addr, what, answered)
 	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusConflict:
 		return a, nil
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":

@@ -304,16 +304,66 @@ func TestSessionsResetNotFound(t *testing.T) {
 	defer other.Close()
 	MustRecordDaemon(t, dir, other, testRun)
 	_, _, err := runSessions(t, "reset", "--data-dir", dir, keyA)
-	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " answered 404 Not Found: 404 page not found"
+	want := "reset " + keyA + ": the daemon at " + other.Listener.Addr().String() + " does not know the reset route (it answered 404 Not Found: 404 page not found): " +
+		"it is likely an agentgate older than this command; upgrade it, then run the command again (nothing was changed)"
 	if err == nil || err.Error() != want {
 		t.Errorf("reset: %v, want %q", err, want)
 	}
 }
 
+// TestResetAndRequeueThroughADaemonWithoutTheRoute: a daemon's 404 that is no refusal of the
+// key or the message, but its answer to a route it does not have (one older than the command,
+// during a rolling upgrade), is said so, with what to do: net/http's plain "404 page not
+// found", any body that is not agentgate's JSON error, and agentgate's own 404 not_found "no
+// such route". Before, a requeue read "no such route" as a message the key does not have
+// ("sessions requeue: no such route, so nothing was requeued; agentgate sessions show KEY lists
+// the key's last messages with their ids, …"), and the plain 404 was printed raw.
+func TestResetAndRequeueThroughADaemonWithoutTheRoute(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		handler  http.HandlerFunc
+		answered string
+	}{
+		{"net/http's 404", http.NotFound, "404 Not Found: 404 page not found"},
+		{"no body", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNotFound) }, "404 Not Found with no body"},
+		{"JSON of another shape", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"message":"not here"}`))
+		}, `404 Not Found: {"message":"not here"}`},
+		{"agentgate's no such route", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error":{"code":"not_found","message":"no such route"}}`))
+		}, "404 Not Found: no such route"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database
+			d := daemonServer(t, testRun, tc.handler)
+			MustRecordDaemon(t, dir, d, testRun)
+			addr := d.Listener.Addr().String()
+			say := func(route string) string {
+				return "the daemon at " + addr + " does not know the " + route + " route (it answered " + tc.answered + "): " +
+					"it is likely an agentgate older than this command; upgrade it, then run the command again (nothing was changed)"
+			}
+			if _, _, err := runSessions(t, "reset", "--data-dir", dir, keyA); err == nil || err.Error() != "reset "+keyA+": "+say("reset") {
+				t.Errorf("reset: %v, want %q", err, "reset "+keyA+": "+say("reset"))
+			}
+			for _, args := range [][]string{{"requeue", keyA, "m1"}, {"requeue", "--json", keyA, "m1"}} {
+				out, _, err := runSessions(t, append(args, "--data-dir", dir)...)
+				if want := "requeue m1 of " + keyA + ": " + say("requeue"); err == nil || err.Error() != want || out != "" {
+					t.Errorf("sessions %q: %v (stdout %q), want %q and nothing on stdout", args, err, out, want)
+				}
+			}
+		})
+	}
+}
+
 // TestResetAndRequeueReadNoSessionByItsCode: a daemon's 404 no_session is a key no session has,
 // whatever its message; an older daemon's (one still running during a rolling upgrade) 404
-// not_found "no such session" is one too, by its text as before; any other 404 not_found is
-// not (no such route, or for a requeue a message the key does not have). Before, only the
+// not_found "no such session" is one too, by its text as before, and for a requeue its
+// not_found "…: it holds no stored session"; any other 404 not_found is not (for a requeue, a
+// message the key does not have). Before, only the
 // text told it, and a daemon that worded it otherwise had its key's refusal printed raw.
 func TestResetAndRequeueReadNoSessionByItsCode(t *testing.T) {
 	const (
@@ -327,10 +377,15 @@ func TestResetAndRequeueReadNoSessionByItsCode(t *testing.T) {
 		{"no_session", "no_session", "no such session", noSessionReset, noSessionRequeue},
 		{"no_session worded otherwise", "no_session", "the key has none", noSessionReset, noSessionRequeue},
 		{"an older daemon's not_found", "not_found", "no such session", noSessionReset, noSessionRequeue},
-		{"another not_found", "not_found", "no such route",
-			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: no such route",
-			"sessions requeue: no such route, so nothing was requeued; agentgate sessions show " + keyA +
-				" lists the key's last messages with their ids, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+		// An older daemon's requeue of a key that routes to no stored session (it was pruned):
+		// the key has no session, as its GET says (before, a message the key lacks).
+		{"an older daemon's no stored session", "not_found", "key " + keyA + " has no message m1: it holds no stored session",
+			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: key " + keyA + " has no message m1: it holds no stored session",
+			noSessionRequeue},
+		{"another not_found", "not_found", "key " + keyA + " has no message m1: not in its current session sa2, nor in an ended one still stored",
+			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: key " + keyA + " has no message m1: not in its current session sa2, nor in an ended one still stored",
+			"sessions requeue: key " + keyA + " has no message m1: not in its current session sa2, nor in an ended one still stored, so nothing was requeued; " +
+				"agentgate sessions show " + keyA + " lists the key's last messages with their ids, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, _ := MustSeedLockedSessions(t) // the daemon holds the database

@@ -31,6 +31,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 	fset := flag.NewFlagSet("sessions requeue", flag.ContinueOnError)
 	var cf configFlags
 	cf.registerAdmin(fset, true)
+	asJSON := fset.Bool("json", false, "print one JSON object")
 	key, id, err := parseKeyAndMessage(fset, args, stdout, stderr)
 	if err != nil {
 		return helpIsDone(err)
@@ -61,8 +62,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		case err != nil:
 			return requeueRefused(key, id, err)
 		}
-		printRequeue(stdout, daemonNoun(cfg), addr, res)
-		return nil
+		return printRequeue(stdout, daemonNoun(cfg), addr, res, *asJSON)
 	}
 	if err != nil {
 		return err
@@ -82,8 +82,7 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			case err != nil:
 				return requeueRefused(key, id, err)
 			}
-			printRequeue(stdout, daemonNoun(cfg), addr, res)
-			return nil
+			return printRequeue(stdout, daemonNoun(cfg), addr, res, *asJSON)
 		})
 		if done || err != nil {
 			return err
@@ -124,7 +123,10 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:
 		switch {
-		case a.noSession():
+		case a.noSession(), a.code == httpplatform.CodeNotFound && strings.HasSuffix(a.msg, ": it holds no stored session"):
+			// The second is an older daemon's answer (one still running during a rolling
+			// upgrade) for a key that routes to no stored session (it was pruned): a key
+			// with no session, as its GET says, not a message the key lacks.
 			return nil, errNoSession
 		case a.code == httpplatform.CodeNotFound:
 			return nil, &noMessageError{a.msg}
@@ -189,10 +191,29 @@ func requeueAnswerLost(key, id string, err error) error {
 	return fmt.Errorf("requeue %s of %s: %v: it may have requeued the message: see agentgate sessions show %s", id, shown, err, shown)
 }
 
-// printRequeue reports a requeue the daemon (or cluster member: noun) at addr made.
-func printRequeue(w io.Writer, noun, addr string, res *httpplatform.MessageResponse) {
+// requeueJSON is what sessions requeue --json prints: the requeue the daemon (or cluster
+// member) made, as its answer says it (docs/CLI.md).
+type requeueJSON struct {
+	SessionKey  string `json:"session_key"`
+	MessageID   string `json:"message_id"`
+	SessionID   string `json:"session_id"`
+	Disposition string `json:"disposition"`
+	QueueDepth  int    `json:"queue_depth"`
+	Address     string `json:"address"`
+	Member      bool   `json:"member"`
+}
+
+// printRequeue reports a requeue the daemon (or cluster member: noun) at addr made: a line, or
+// with asJSON one requeueJSON. A refusal prints nothing on stdout, with or without asJSON: it is
+// the command's error (one line on stderr, exit 1), as sessions show's of a key with no session.
+func printRequeue(w io.Writer, noun, addr string, res *httpplatform.MessageResponse, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, requeueJSON{SessionKey: res.SessionKey, MessageID: res.MessageID, SessionID: res.SessionID,
+			Disposition: res.Disposition, QueueDepth: res.QueueDepth, Address: addr, Member: noun == "member"})
+	}
 	fmt.Fprintf(w, "requeued message %s of %s through the %s at %s: %s (%d waiting), in session %s; it runs as its sender's message\n",
 		res.MessageID, pasteableKey(res.SessionKey), noun, addr, res.Disposition, res.QueueDepth, res.SessionID)
+	return nil
 }
 
 // requeueCommand is the curl command line that requeues message id of key through the daemon at

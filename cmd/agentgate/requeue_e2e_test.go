@@ -267,11 +267,14 @@ func TestRequeuePathKeepsDotIDs(t *testing.T) {
 }
 
 // TestRequeueRefusalsSayWhatToDo: the daemon answers a key no session has 404 no_session (its
-// message still "no such session"), on every route that takes a key, and a requeue it refuses
-// 409 not_quarantined or session_ended; `sessions requeue` says each as a sentence that says
-// what was not done and what shows more, without the code. Before, the no-session 404 was
-// not_found, told from a message's 404 by its text alone, and the 409s were printed as the
-// daemon's message with the code after it: "… (not_quarantined)", "… (session_ended)".
+// message still "no such session"), on every route that takes a key, a key whose route names a
+// pruned session included, and a requeue it refuses 409 not_quarantined or session_ended;
+// `sessions requeue` says each as a sentence that says what was not done and what shows more,
+// without the code, and exits 1, with --json too (nothing on stdout); a requeue made prints one
+// JSON object with --json. Before, the no-session 404 was not_found, told from a message's 404
+// by its text alone (a requeue of the key of a pruned session was not_found until later), and
+// the 409s were printed as the daemon's message with the code after it: "… (not_quarantined)",
+// "… (session_ended)".
 func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the daemon binary")
@@ -280,6 +283,7 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 	const (
 		keyDone  = "agent:main:http:dm:r1" // its message m-done ran
 		keyEnded = "agent:main:http:dm:r2" // its message q-old is quarantined in a session since ended
+		keyGone  = "agent:main:http:dm:r3" // its route names a session whose row is gone (pruned)
 		nobody   = "agent:main:http:dm:nobody"
 	)
 	func() {
@@ -301,11 +305,15 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 			session("s1", keyDone, "r1", now),
 			&persistence.PutRoute{Route: persistence.Route{Key: keyDone, SessionID: "s1", Generation: 1, UpdatedAt: now}},
 			message("s1", "r1", "m-done", persistence.StatusDone, now),
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: "s1", Seq: 2, Role: persistence.RoleUser,
+				Content: "again", Platform: "http", ChatID: "r1", MessageID: "m-q", UserID: "u1", Status: persistence.StatusQuarantined,
+				Active: true, CreatedAt: now}},
 			session("sb1", keyEnded, "r2", now.Add(-time.Hour)),
 			message("sb1", "r2", "q-old", persistence.StatusQuarantined, now.Add(-time.Hour)),
 			&persistence.EndSession{SessionID: "sb1", Reason: persistence.EndResetCommand, At: now.Add(-time.Minute)},
 			session("sb2", keyEnded, "r2", now),
 			&persistence.PutRoute{Route: persistence.Route{Key: keyEnded, SessionID: "sb2", Generation: 2, UpdatedAt: now}},
+			&persistence.PutRoute{Route: persistence.Route{Key: keyGone, SessionID: "sc-pruned", Generation: 1, UpdatedAt: now}},
 		}})
 		if errs[0] != nil {
 			t.Fatal(errs[0])
@@ -326,6 +334,10 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 		{http.MethodPost, "/v1/sessions/" + nobody + "/reset", http.StatusNotFound, "no_session", "no such session"},
 		{http.MethodGet, "/v1/sessions/" + nobody, http.StatusNotFound, "no_session", "no such session"},
 		{http.MethodGet, "/v1/sessions/" + nobody + "/transcript", http.StatusNotFound, "no_session", "no such session"},
+		// A key whose route names a pruned session has none either, on the requeue too (before,
+		// its 404 was not_found "key KEY has no message q1: it holds no stored session").
+		{http.MethodGet, "/v1/sessions/" + keyGone, http.StatusNotFound, "no_session", "no such session"},
+		{http.MethodPost, requeuePath(keyGone, "q1"), http.StatusNotFound, "no_session", "no such session"},
 		// A session the request names that is not the key's is no answer about the key.
 		{http.MethodGet, "/v1/sessions/" + keyDone + "/transcript?session_id=sb1", http.StatusNotFound, "not_found", "no such session"},
 		// A message the key does not have stays not_found.
@@ -355,12 +367,17 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 		}
 	}
 
-	// On the command line: the line it ends with on stderr.
+	// On the command line: the line it ends with on stderr, and exit 1; with --json too, which
+	// prints nothing on stdout then.
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"requeue", nobody, "q1"}, "sessions requeue: the key " + nobody + " has no session, so nothing was requeued; " +
+			"agentgate sessions list prints the keys that have one"},
+		{[]string{"requeue", "--json", nobody, "q1"}, "sessions requeue: the key " + nobody + " has no session, so nothing was requeued; " +
+			"agentgate sessions list prints the keys that have one"},
+		{[]string{"requeue", keyGone, "q1"}, "sessions requeue: the key " + keyGone + " has no session, so nothing was requeued; " +
 			"agentgate sessions list prints the keys that have one"},
 		{[]string{"reset", nobody}, "sessions reset: the key " + nobody + " has no session, so nothing was reset; " +
 			"agentgate sessions list prints the keys that have one"},
@@ -370,6 +387,9 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 		{[]string{"requeue", keyEnded, "q-old"}, "sessions requeue: message q-old belongs to session sb1, which has ended (reset, /new or switched away from): " +
 			"its conversation is gone, so it is not run in the current one; its sender may send it again; " +
 			"agentgate sessions show " + keyEnded + " lists the key's last messages with their status"},
+		{[]string{"requeue", keyEnded, "q-old", "--json"}, "sessions requeue: message q-old belongs to session sb1, which has ended (reset, /new or switched away from): " +
+			"its conversation is gone, so it is not run in the current one; its sender may send it again; " +
+			"agentgate sessions show " + keyEnded + " lists the key's last messages with their status"},
 	} {
 		out, _, err := runSessions(t, append(tc.args, "--data-dir", dataDir)...)
 		if err == nil {
@@ -377,9 +397,23 @@ func TestRequeueRefusalsSayWhatToDo(t *testing.T) {
 			continue
 		}
 		var stderr strings.Builder
-		if status := exitStatus(err, &stderr); status != 1 || stderr.String() != "agentgate: "+tc.want+"\n" {
-			t.Errorf("sessions %q printed %q, exit %d; want exit 1 and\n%s", tc.args, stderr.String(), status, "agentgate: "+tc.want)
+		if status := exitStatus(err, &stderr); status != 1 || stderr.String() != "agentgate: "+tc.want+"\n" || out != "" {
+			t.Errorf("sessions %q printed %q (stdout %q), exit %d; want exit 1, nothing on stdout and\n%s", tc.args, stderr.String(), out, status, "agentgate: "+tc.want)
 		}
+	}
+
+	// A requeue made, with --json: one object on stdout, the requeue as the daemon answered it.
+	out, errOut := MustRunSessions(t, "requeue", "--json", "--data-dir", dataDir, keyDone, "m-q")
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	var got requeueJSON
+	if err := dec.Decode(&got); err != nil || dec.More() || !strings.HasSuffix(out, "}\n") {
+		t.Errorf("sessions requeue --json printed %q (%v), want one JSON object", out, err)
+	}
+	want := requeueJSON{SessionKey: keyDone, MessageID: "m-q", SessionID: "s1", Disposition: got.Disposition, QueueDepth: got.QueueDepth,
+		Address: strings.TrimPrefix(d.base, "http://")}
+	if got != want || (got.Disposition != "queued" && got.Disposition != "started") || errOut != "" {
+		t.Errorf("sessions requeue --json = %+v (stderr %q), want %+v, queued or started", got, errOut, want)
 	}
 	if err := d.stop(t, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v, want 0", err)
