@@ -635,7 +635,7 @@ func TestSessionsResetThroughTheDaemonOfAnEndedSessionWithAPredecessor(t *testin
 
 // TestSessionsResetThroughAMemberNamesTheMember: in cluster mode the command asks a member of
 // the cluster, not a daemon on its data directory, and says so, in what it reports and in its
-// errors. Before, both said "the daemon at …".
+// errors, and a requeue's --json in its member field. Before, both said "the daemon at …".
 func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL")
@@ -673,8 +673,24 @@ func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
 		s := daemonServer(t, testRun, http.NotFound)
 		addr := register(t, s)
 		_, _, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
-		if want := "reset " + keyA + ": the member at " + addr + " answered 404 Not Found: 404 page not found"; err == nil || err.Error() != want {
+		if want := "reset " + keyA + ": the member at " + addr + " does not know the reset route (it answered 404 Not Found: 404 page not found): " +
+			"it is likely an agentgate older than this command; upgrade it, then run the command again (nothing was changed)"; err == nil || err.Error() != want {
 			t.Errorf("reset: %v, want %q", err, want)
+		}
+	})
+	t.Run("requeue --json", func(t *testing.T) {
+		// A requeue through a member says so in its JSON too.
+		s := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusAccepted)
+			fmt.Fprintf(w, `{"message_id":"m1","session_key":%q,"session_id":"sa2","disposition":"queued","queue_depth":1}`, keyA)
+		})
+		addr := register(t, s)
+		out, errOut, err := runSessions(t, "requeue", "--json", "--data-dir", t.TempDir(), keyA, "m1")
+		want := fmt.Sprintf("{\n  \"session_key\": %q,\n  \"message_id\": \"m1\",\n  \"session_id\": \"sa2\",\n  \"disposition\": \"queued\",\n"+
+			"  \"queue_depth\": 1,\n  \"address\": %q,\n  \"member\": true\n}\n", keyA, addr)
+		if err != nil || out != want {
+			t.Errorf("requeue --json = %q, %v (stderr %q); want %q", out, err, errOut, want)
 		}
 	})
 }
