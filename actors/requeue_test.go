@@ -14,7 +14,9 @@ import (
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/sqlite"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
 )
 
 // requeueAgent is an agent whose turns of "boom" panic while poisoned (a message that crashes
@@ -398,6 +400,41 @@ func TestRequeueAfterAReloadRunsTheMessageOnce(t *testing.T) {
 		}
 		if st, _ := w2.statusOf(t, "m1"); st != persistence.StatusDone {
 			t.Errorf("m1: %q, want done", st)
+		}
+	})
+}
+
+// TestPrunedRouteRequeueAnswersAsEarlierMembersKnow: a requeue of a key whose route names a
+// session that is no longer stored (pruned after it ended) is refused not_found, with the text
+// an earlier version gave, and no session: the codes a member of an earlier version knows, which
+// it passes on as a 404 when the request came to it during a rolling upgrade, and the text
+// agentgate sessions requeue reads as a key with no session. The member's API answers it
+// no_session itself once it has read the store (sessionsAPI.Requeue). Before, the session
+// answered no_session, which an earlier member failed as an internal error (500), and the CLI
+// read as an answer lost ("it may have requeued the message").
+func TestPrunedRouteRequeueAnswersAsEarlierMembersKnow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		src := identity.Source{Platform: "fake", ChatType: identity.ChatDM, ChatID: "c1", UserID: "u1"}
+		key := identity.Key(src, identity.KeyOptions{})
+		store, err := sqlite.Open(t.Context(), path, sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		route := &persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: "s-pruned", Generation: 1, UpdatedAt: time.Now()}}
+		if errs := store.Commit(t.Context(), [][]persistence.Op{{route}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+		w := newManagerWorldAt(t, path, newRequeueAgent(), nil)
+		if w.key != key {
+			t.Fatalf("the world's key is %s, the route's %s", w.key, key)
+		}
+		want := &RequeueResult{MessageId: "q1", ErrorCode: ErrCodeNotFound, Error: "key " + key + " has no message q1: it holds no stored session"}
+		if r := w.requeue(t, "q1"); !proto.Equal(r, want) {
+			t.Errorf("requeue q1 of a key routed to a pruned session = %v, want %v", r, want)
 		}
 	})
 }

@@ -24,7 +24,6 @@ import (
 // Error codes of RequeueResult (besides ErrCodeStopped and "unavailable").
 const (
 	ErrCodeNotFound       = "not_found"
-	ErrCodeNoSession      = "no_session" // the key routes to no stored session (its session was pruned)
 	ErrCodeNotQuarantined = "not_quarantined"
 	ErrCodeSessionEnded   = "session_ended"
 )
@@ -55,11 +54,14 @@ func (s *Session) onRequeue(c actor.Context, m *RequeueMessage) {
 			refuse(ErrCodeNotFound, "", "key %s has no message %s: not in its last session %s, which has ended, nor in an earlier one still stored",
 				s.key, m.MessageId, s.prev.ID)
 		default:
-			// The key routes to no stored session (it ended and was pruned): the key has no
-			// session, as GET /v1/sessions/{key} answers it (no_session, "no such session").
-			// Before, it was not_found "key KEY has no message ID: it holds no stored
-			// session", which read as a message the key does not have.
-			refuse(ErrCodeNoSession, "", "no such session")
+			// The key routes to no stored session (it ended and was pruned). The HTTP API
+			// answers that no_session, as GET /v1/sessions/{key} does: the member that took
+			// the request says so once it has read the store (sessionsAPI.Requeue). This
+			// answer stays the one every member's API knows, in code and text: a member of an
+			// earlier version (during a rolling upgrade) fails a code it does not know as an
+			// internal error (500), and agentgate sessions requeue reads this text as no
+			// session (TestPrunedRouteRequeueAnswersAsEarlierMembersKnow).
+			refuse(ErrCodeNotFound, "", "key %s has no message %s: it holds no stored session", s.key, m.MessageId)
 		}
 	}
 	if sess == nil || m.MessageId == "" {

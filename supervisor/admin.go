@@ -274,13 +274,34 @@ func (a *sessionsAPI) Requeue(ctx context.Context, key, messageID string) (*http
 	case "":
 		return &httpplatform.MessageResponse{MessageID: messageID, SessionKey: key, SessionID: r.SessionId,
 			Disposition: r.Disposition, QueueDepth: int(r.QueueDepth), OutboxAfter: r.OutboxAfter}, nil
-	case actors.ErrCodeNotFound, actors.ErrCodeNoSession, actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
+	case actors.ErrCodeNotFound:
+		if r.SessionId == "" && a.routesToNoSession(ctx, key) {
+			// The key's session ended and was pruned: it has none, as its GET answers. The
+			// session answers not_found (so that a member of an earlier version, which knows
+			// no other code here, passes it on as a 404 during a rolling upgrade); before, it
+			// answered no_session for a while, which such a member failed as a 500.
+			return nil, &httpplatform.RefusedError{Code: httpplatform.CodeNoSession, Message: "no such session"}
+		}
+		return nil, &httpplatform.RefusedError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
+	case actors.ErrCodeNotQuarantined, actors.ErrCodeSessionEnded, httpplatform.CodeUnavailable:
 		return nil, &httpplatform.RefusedError{Code: r.ErrorCode, Status: r.Status, Message: r.Error}
 	case actors.ErrCodeStopped:
 		// Its write may have committed: the message may be queued already.
 		return nil, &httpplatform.RefusedError{Code: httpplatform.CodeUnavailable, Message: r.Error}
 	}
 	return nil, fmt.Errorf("requeue: %s: %s", r.ErrorCode, r.Error)
+}
+
+// routesToNoSession reports whether the store shows key's route naming a session it does not
+// hold (one pruned after it ended): GET /v1/sessions/{key} answers such a key no_session. A
+// store that cannot be read says no.
+func (a *sessionsAPI) routesToNoSession(ctx context.Context, key string) bool {
+	route, err := a.d.store.Route(ctx, key)
+	if err != nil {
+		return false
+	}
+	_, err = a.d.store.Session(ctx, route.SessionID)
+	return errors.Is(err, persistence.ErrNotFound)
 }
 
 // Transcript returns one page of an incarnation's messages (of the current one when
