@@ -109,11 +109,16 @@ func (in *Intake) Withdraw(ctx context.Context, src identity.Source, id string) 
 // store (one read by the index of inbound ids) and, while the message waits there unanswered,
 // asks the session it was stored in to take it back, by that session's key (the key the
 // message was delivered under, whatever the platform knows of its sender now), on whichever
-// member owns the key. A message the store does not hold, or holds answered or archived, is
-// not asked about: the platform falls back on the store for every deletion it cannot place,
-// chatter the bot never took included. The Source is zero with an error when the store could
-// not tell whether it holds the message.
-func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, id string) (identity.Source, bool, error) {
+// member owns the key, if that session is of thread threadID (posted in the chat itself: of
+// no thread, or of the thread opened from the message, whose id is the message's). A message
+// the store does not hold, or holds answered or archived, is not asked about: the platform
+// falls back on the store for every deletion it cannot place, chatter the bot never took
+// included. Nor is one of another thread of the chat: the index names the chat only, and a
+// thread's chat is its parent channel, which its sibling threads share; a deletion naming
+// thread T withdrew a message of the same id stored for a sibling (a review found it; the
+// platform's ids are unique, so only a forged or mistaken event could name one). The Source is
+// zero with an error when the store could not tell whether it holds the message.
+func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, threadID, id string) (identity.Source, bool, error) {
 	if in.store == nil || id == "" {
 		return identity.Source{}, false, nil
 	}
@@ -132,6 +137,9 @@ func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, id strin
 		// The message waits: the platform says it is answered.
 		return identity.Source{Platform: m.Platform, ChatID: m.ChatID, UserID: m.UserID, UserName: m.UserName},
 			false, fmt.Errorf("withdraw %s: %w", id, err)
+	}
+	if s.ThreadID != threadID && (threadID != "" || s.ThreadID != id) {
+		return identity.Source{}, false, nil // another thread's message
 	}
 	src := identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
 		UserID: m.UserID, UserName: m.UserName, ScopeID: s.ScopeID, Profile: s.Profile}

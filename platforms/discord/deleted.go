@@ -23,7 +23,7 @@ import (
 // deletion of an unknown one posted before then (taken before a restart, or by the cluster
 // member that held the gateway before this one) goes to the store (platforms.WithdrawStored),
 // which finds the message by its chat and id, if it was taken, and its session by the key it
-// was stored under; the deletion of an unknown one posted since (chatter the bot never took,
+// was stored under (the session of the thread the deletion names, if any); the deletion of an unknown one posted since (chatter the bot never took,
 // an answered message) costs nothing. One taken and then deleted while agentgate was down is
 // answered: no event tells of its deletion. A deleted message is never read back: Discord's
 // history no longer holds it. A moderator's purge (MESSAGE_DELETE_BULK, of the GUILD_MESSAGES
@@ -214,7 +214,8 @@ type withdrawal struct {
 // up to 100 times as long (their sessions are mostly different users' in a guild channel, and
 // each answers as soon as it can). The ids delivered does not hold and that the runtime may
 // hold all the same (unrecordedLocked) are withdrawn through the store, by the chat they were
-// posted in (a thread's is its parent channel). It returns the outcome of each withdrawal;
+// posted in (a thread's is its parent channel) and their thread, if any: a message of a sibling
+// thread, which shares the chat, is not the one deleted. It returns the outcome of each withdrawal;
 // none for ids the runtime cannot hold.
 func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) []withdrawal {
 	type found struct {
@@ -241,13 +242,13 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 	}
 	wctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
 	defer cancel()
-	var chat string
+	var chat, thread string
 	var chatErr error
 	if unknown {
 		// Known for any channel the bot takes messages in (discordgo's state, or the cache of
 		// threads looked up): a lookup over REST only for a thread seen by no message since the
 		// start.
-		chat, chatErr = p.chatOf(wctx, guild, channel)
+		chat, thread, chatErr = p.chatOf(wctx, guild, channel)
 	}
 	out := make([]withdrawal, len(todo))
 	var wg sync.WaitGroup
@@ -268,7 +269,7 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 			}()
 			src, taken, err := f.src, false, error(nil)
 			if f.stored {
-				src, taken, err = stored(wctx, Name, chat, f.id)
+				src, taken, err = stored(wctx, Name, chat, thread, f.id)
 			} else {
 				taken, err = withdraw(wctx, f.src, f.id)
 			}
@@ -286,15 +287,16 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 	return out
 }
 
-// chatOf returns the chat id of the messages of channel, of guild ("" for a DM): the channel's
-// own, or its parent's for a thread, as source gives it.
-func (p *Platform) chatOf(ctx context.Context, guild, channel string) (string, error) {
+// chatOf returns the chat id of the messages of channel, of guild ("" for a DM), and their
+// thread id, as source gives them: the channel's own and none, or for a thread its parent's and
+// its own.
+func (p *Platform) chatOf(ctx context.Context, guild, channel string) (chat, thread string, err error) {
 	ch, err := p.channelOf(ctx, &discordgo.Message{ChannelID: channel, GuildID: guild})
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if ch.kind == kindThread {
-		return ch.parent, nil
+		return ch.parent, channel, nil
 	}
-	return channel, nil
+	return channel, "", nil
 }

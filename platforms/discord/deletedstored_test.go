@@ -212,3 +212,59 @@ func TestDeletedChatterTheStoreCannotFindIsNotSaidAnswered(t *testing.T) {
 		}
 	}
 }
+
+// TestDeletionNamingAnotherThreadWithdrawsNothing: the deletion of a message taken before a
+// restart is looked up in the store by its chat, which for a thread is its parent channel,
+// shared with its sibling threads; a deletion naming a sibling thread of the one the message
+// was posted in withdraws nothing (the message runs and is answered), and one naming its own
+// thread withdraws it. Before, the lookup checked the chat only, and a forged or mistaken
+// event naming any thread of the channel withdrew the message.
+func TestDeletionNamingAnotherThreadWithdrawsNothing(t *testing.T) {
+	const thread, sibling = "210000000000000001", "210000000000000002"
+	a := &heldOnRestart{release: make(chan struct{}), started: make(chan struct{}, 2)}
+	w := startWorld(t, a.agent(), func(c *config.Config) { c.Shutdown.DrainTimeout = 0 })
+	for _, id := range []string{thread, sibling} {
+		w.srv.AddChannel(discordtest.Channel{ID: id, GuildID: guildID, Type: discordgo.ChannelTypeGuildPublicThread,
+			ParentID: channelID, OwnerID: alice.ID, Name: "topic " + id})
+	}
+	post := func(text string) *discordgo.Message {
+		return w.srv.Post(discordtest.UserMessage{ChannelID: thread, Author: alice, Content: text, MentionBot: true})
+	}
+	first := post("first")
+	<-a.started
+	kept, gone := post("kept"), post("to be deleted")
+	w.mustRow(t, channelID, gone.ID, "the messages to delete stored", func(active, _ bool) bool { return active })
+	w.stop(t)
+
+	w.start(t)
+	w.srv.WaitReady(t)
+	<-a.started // first runs again, the others wait behind it
+	eventually(t, "the start's backfill done", func() bool { return strings.Contains(w.log.String(), "read what was missed") })
+	w.srv.DeleteIn(kept.ID, sibling)
+	// The intake hands on in order: once a later message is stored, the deletion's withdrawal
+	// has returned.
+	second := post("second")
+	w.mustRow(t, channelID, second.ID, "second stored", func(active, _ bool) bool { return active })
+	if m, err := w.d.Store().FindInbound(t.Context(), "discord", channelID, kept.ID); err != nil || !m.Active || m.Archived {
+		t.Errorf("the row of the message a deletion in a sibling thread named = %+v (err %v), want it pending", m, err)
+	}
+	w.srv.Delete(gone.ID)
+	third := post("third")
+	w.mustRow(t, channelID, third.ID, "third stored", func(active, _ bool) bool { return active })
+	if m, err := w.d.Store().FindInbound(t.Context(), "discord", channelID, gone.ID); err != nil || m.Active || !m.Archived {
+		t.Errorf("the deleted message's row = %+v (err %v), want it archived", m, err)
+	}
+	close(a.release)
+	w.replyTo(t, thread, first.ID)
+	w.replyTo(t, thread, third.ID)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ran []string
+	for _, texts := range a.runs {
+		ran = append(ran, texts...)
+	}
+	if !slices.ContainsFunc(ran, func(s string) bool { return strings.Contains(s, "kept") }) ||
+		slices.ContainsFunc(ran, func(s string) bool { return strings.Contains(s, "deleted") }) {
+		t.Errorf("agent runs = %q, want one with the kept message and none with the deleted one", a.runs)
+	}
+}

@@ -530,6 +530,24 @@ func (s *Server) Delete(id string) {
 	s.deleteLocked(m)
 }
 
+// DeleteIn dispatches a MESSAGE_DELETE of message id that names channelID (and its guild), not
+// the channel the message was posted in, as a forged or mistaken event would, and deletes
+// nothing. It panics if the channel is unknown.
+func (s *Server) DeleteIn(id, channelID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.chanByID[channelID]
+	if c == nil {
+		panic("discordtest: DeleteIn of unknown channel " + channelID)
+	}
+	d := map[string]string{"id": id, "channel_id": channelID}
+	if c.GuildID != "" {
+		d["guild_id"] = c.GuildID
+	}
+	s.dispatchLocked("MESSAGE_DELETE", d)
+	s.notifyLocked()
+}
+
 // Edit replaces the content of message id, as its author editing it would: the identified
 // session gets MESSAGE_UPDATE (the whole message, with its edited_timestamp), or, while the
 // client is disconnected, the event waits for RESUME as a Post's does. content is the whole
