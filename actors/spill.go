@@ -39,6 +39,9 @@ type spill struct {
 	after, through int64
 	stored         int     // how many there are, as far as this activation counted them (waiting)
 	tail           []*item // arrivals whose writes have not all landed, in seq order (item.inTail)
+	// withdrawing holds the seqs of spilled messages withdrawn (withdraw.go) whose archives are
+	// in flight: pending still in the store, they are not read back.
+	withdrawing map[int64]bool
 }
 
 // spilling returns the session's spill, nil when its whole queue is in memory.
@@ -182,15 +185,20 @@ func (s *Session) readBack(sp *spill, limit int, text bool) error {
 	if err != nil {
 		return err
 	}
+	passed := 0
 	for i := range rows {
-		s.queue = append(s.queue, s.storedItem(&rows[i]))
 		sp.after = rows[i].Seq
+		if sp.withdrawing[rows[i].Seq] {
+			passed++ // withdrawn, its archive in flight (not counted in stored)
+			continue
+		}
+		s.queue = append(s.queue, s.storedItem(&rows[i]))
 		if s.unusual.unsure[rows[i].MessageID] != nil {
 			s.forgetUnsure(rows[i].MessageID)
 			s.logAdopted(s.queue[len(s.queue)-1])
 		}
 	}
-	sp.stored = max(0, sp.stored-len(rows))
+	sp.stored = max(0, sp.stored-(len(rows)-passed))
 	if limit <= 0 || len(rows) < limit {
 		sp.after, sp.stored = sp.through, 0
 	}

@@ -2,7 +2,10 @@ package actors
 
 import (
 	"cmp"
+	"errors"
 	"slices"
+
+	"github.com/agentgate/agentgate/internal/identity"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
@@ -18,13 +21,24 @@ import (
 // onWithdraw removes a queued message of the session and archives its row, as /undo archives,
 // so that neither this activation nor a later one (which loads no archived row) runs it. No
 // answer is posted: the user deleted the message. The row stays, so a re-delivery of its id is
-// a duplicate.
+// a duplicate. A message of a queue past its cap that waits in the store only (spill.go: in the
+// spill's tail, or in its stored range, found there by one read of the store's index of
+// inbound ids) is withdrawn the same way; before, it was not, and ran and was answered.
 func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 	src := sourceFromProto(m.Source)
-	i := slices.IndexFunc(s.queue, func(it *item) bool {
+	match := func(it *item) bool {
 		return it.messageID == m.MessageId && it.src.Platform == src.Platform && it.src.ChatID == src.ChatID
-	})
-	if m.MessageId == "" || i < 0 || !s.queue[i].durable || s.queue[i].dropped {
+	}
+	i := slices.IndexFunc(s.queue, match)
+	sp, tail := s.spilling(), -1
+	if i < 0 && sp != nil {
+		tail = slices.IndexFunc(sp.tail, match)
+	}
+	switch {
+	case m.MessageId == "",
+		i >= 0 && (!s.queue[i].durable || s.queue[i].dropped),
+		tail >= 0 && (!sp.tail[tail].durable || sp.tail[tail].dropped),
+		i < 0 && tail < 0 && (sp == nil || sp.after >= sp.through):
 		// Running or answered already, unknown here, or not stored yet (its sender has no
 		// acknowledgment: a platform withdraws only what it delivered).
 		c.Respond(&WithdrawResult{})
@@ -42,21 +56,60 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		c.Respond(&WithdrawResult{})
 		return
 	}
-	it := s.queue[i]
-	s.queue = slices.Delete(s.queue, i, i+1)
+	var it *item
+	switch {
+	case i >= 0:
+		it = s.queue[i]
+		s.queue = slices.Delete(s.queue, i, i+1)
+	case tail >= 0:
+		it = sp.tail[tail]
+		it.inTail = false
+		sp.tail = slices.Delete(sp.tail, tail, tail+1)
+	default:
+		var err error
+		if it, err = s.spilledItem(sp, src, m.MessageId); err != nil || it == nil {
+			r := &WithdrawResult{}
+			if err != nil {
+				r.Error = "the store could not be read for the message: " + err.Error()
+			}
+			c.Respond(r)
+			return
+		}
+		sp.stored = max(0, sp.stored-1)
+	}
+	spilled := i < 0
+	if spilled {
+		// Until its archive lands, a read of the spill back passes over its row, pending still.
+		if sp.withdrawing == nil {
+			sp.withdrawing = map[int64]bool{}
+		}
+		sp.withdrawing[it.seq] = true
+	}
 	if s.debugOn() {
-		s.logger().Debug("message withdrawn by its sender", "message_id", it.messageID, "seq", it.seq)
+		s.logger().Debug("message withdrawn by its sender", "message_id", it.messageID, "seq", it.seq, "spilled", spilled)
 	}
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, &WithdrawResult{Error: why}) }
 	ops := []persistence.Op{&persistence.ArchiveMessages{SessionID: it.sessionID, Seqs: []int64{it.seq}}}
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
+		if spilled {
+			delete(sp.withdrawing, it.seq)
+		}
 		if err != nil {
 			// The row is still pending in the store: the message goes back in the queue, in
 			// the place its seq gives it, and runs after all. Not a start again from the store,
 			// which would cancel a turn begun meanwhile and run its message again (found by a
 			// review); one begun meanwhile from behind it runs first.
-			if !s.fencedOut {
+			switch {
+			case s.fencedOut:
+			case spilled:
+				// Where its seq puts it now: in memory if the spill was read back past it,
+				// else among the spilled messages (queueAdopted).
+				if s.cur != nil && s.cur.ID == it.sessionID {
+					s.queueAdopted(it)
+					s.tryStart(c)
+				}
+			default:
 				at, _ := slices.BinarySearchFunc(s.queue, it.seq, func(q *item, seq int64) int { return cmp.Compare(q.seq, seq) })
 				s.queue = slices.Insert(s.queue, at, it)
 				s.tryStart(c)
@@ -66,5 +119,28 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		}
 		c.Send(requester, &WithdrawResult{Withdrawn: true})
 	})
+	if spilled && s.spilling() == sp {
+		s.settle() // a tail that empties, or a range it alone was left in, ends
+	}
 	s.tryStart(c) // the next message may run now (the withdrawn one headed the queue)
+}
+
+// spilledItem finds message id of src's chat among the spilled messages of sp that wait in the
+// store (after < seq <= through), by one read of the store's index of inbound ids, and returns
+// its queue item; nil when the store holds it elsewhere (another session's, or this one's
+// outside the range: running, answered, or read back) or not at all. Only this session's, the
+// one that holds the message, is withdrawn.
+func (s *Session) spilledItem(sp *spill, src identity.Source, id string) (*item, error) {
+	row, err := s.findStored(src, id)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if row.SessionID != sp.sessionID || row.Seq <= sp.after || row.Seq > sp.through || sp.withdrawing[row.Seq] ||
+		row.Status != persistence.StatusPending || !row.Active || row.Archived || s.cur == nil || s.cur.ID != sp.sessionID {
+		return nil, nil
+	}
+	return s.storedItem(row), nil
 }

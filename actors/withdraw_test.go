@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -186,6 +187,142 @@ func TestWithdrawalOfAnInterruptIsRefused(t *testing.T) {
 		}
 		if answer == nil || !slices.Equal(answer.InReplyTo, []string{"m1", "m2"}) {
 			t.Errorf("the answer: %+v, want it to answer m1 and m2", answer)
+		}
+	})
+}
+
+// rowOf reads the stored row of the world's message id.
+func (w *managerWorld) rowOf(t *testing.T, id string) *persistence.Message {
+	t.Helper()
+	m, err := w.store.FindInbound(w.ctx, w.src.Platform, w.src.ChatID, id)
+	if err != nil {
+		t.Fatalf("FindInbound(%s): %v", id, err)
+	}
+	return m
+}
+
+// TestDeletedSpilledMessageIsWithdrawn: a message of a queue past its cap, which waits in the
+// store only (spill.go), is withdrawn when its sender deletes it, as one in memory is: it never
+// runs, its row is archived, and a restart does not run it again; nor is one of a restart's
+// backlog past the cap, spilled from the start. The others run, in order. Before, the session
+// looked for it in memory only: it was not withdrawn, and ran and was answered.
+func TestDeletedSpilledMessageIsWithdrawn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		a := newRequeueAgent()
+		w := newManagerWorldAt(t, path, a, func(d *Deps) { d.Config.QueueCap = 2 })
+		if r := w.deliver(t, "m0", "hold"); r.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v, want started", r)
+		}
+		w.flood(t, 1, 8, 16)
+		if r := w.withdraw(t, "m6"); !r.Withdrawn || r.Error != "" {
+			t.Fatalf("withdrawal of m6, spilled = %+v, want withdrawn", r)
+		}
+		if r := w.withdraw(t, "m6"); r.Withdrawn || r.Error != "" {
+			t.Errorf("second withdrawal of m6 = %+v, want nothing to withdraw", r)
+		}
+		if m := w.rowOf(t, "m6"); m.Active || !m.Archived {
+			t.Errorf("m6's row = %+v, want archived", m)
+		}
+		w.stop() // m0's turn is cut short: it and the rest wait in the store
+		synctest.Wait()
+
+		b := newRequeueAgent()
+		b.holdAll.Store(true)
+		w2 := newManagerWorldAt(t, path, b, func(d *Deps) { d.Config.QueueCap = 2 })
+		if r := w2.deliver(t, "m9", "m9"); r.Disposition != platforms.Queued {
+			t.Fatalf("m9: %+v, want queued behind the backlog", r)
+		}
+		synctest.Wait() // loaded: m0 runs again, m7 waits in the store past the cap
+		if r := w2.withdraw(t, "m7"); !r.Withdrawn || r.Error != "" {
+			t.Fatalf("withdrawal of m7, spilled at the start = %+v, want withdrawn", r)
+		}
+		close(b.hold)
+		w2.awaitTurnEnds(8)
+		synctest.Wait()
+		if got, want := b.order(), []string{"m0", "m1", "m2", "m3", "m4", "m5", "m8", "m9"}; !slices.Equal(got, want) {
+			t.Errorf("after the restart turns ran %v, want %v: not the withdrawn m6 and m7", got, want)
+		}
+		for _, id := range []string{"m6", "m7"} {
+			if m := w2.rowOf(t, id); m.Active || !m.Archived || m.Status != persistence.StatusPending {
+				t.Errorf("%s's row = %+v, want archived unrun", id, m)
+			}
+		}
+	})
+}
+
+// TestRefusedWithdrawalOfASpilledMessageRunsIt: a spilled message whose withdrawal's archive
+// the store refuses runs after all, in its place, once; while the archive was in flight, the
+// read of the spill back passed over it.
+func TestRefusedWithdrawalOfASpilledMessageRunsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		store := &refuseArchive{refusing: true}
+		w := newManagerWorldWrites(t, a, func(d *Deps) { d.Config.QueueCap = 2 },
+			func(s persistence.Store) persistence.Store { store.Store = s; return store })
+		w.deliver(t, "m0", "hold")
+		ids := w.flood(t, 1, 8, 16)
+		if r := w.withdraw(t, "m6"); r.Withdrawn || r.Error == "" {
+			t.Fatalf("withdrawal whose archive is refused = %+v, want not withdrawn, with the error", r)
+		}
+		store.mu.Lock()
+		store.refusing = false
+		store.mu.Unlock()
+		if r := w.withdraw(t, "m7"); !r.Withdrawn || r.Error != "" {
+			t.Fatalf("withdrawal of m7 = %+v, want withdrawn", r)
+		}
+		close(a.hold)
+		w.awaitTurnEnds(8)
+		synctest.Wait()
+		want := append([]string{"m0"}, slices.DeleteFunc(ids, func(id string) bool { return id == "m7" })...)
+		if got := a.order(); !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want %v", got, want)
+		}
+	})
+}
+
+// holdArchive holds the commits that archive rows until release is closed.
+type holdArchive struct {
+	persistence.Store
+	release chan struct{}
+}
+
+func (h *holdArchive) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if slices.ContainsFunc(groups, func(g []persistence.Op) bool {
+		return slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.ArchiveMessages); return ok })
+	}) {
+		<-h.release
+	}
+	return h.Store.Commit(ctx, groups)
+}
+
+// TestSpilledMessageWithdrawnIsNotReadBackBeforeItsArchive: the spilled messages read back while
+// the archive of one withdrawn among them is in flight (its row pending still) do not include
+// it: it never runs.
+func TestSpilledMessageWithdrawnIsNotReadBackBeforeItsArchive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		store := &holdArchive{release: make(chan struct{})}
+		w := newManagerWorldWrites(t, a, func(d *Deps) { d.Config.QueueCap = 2 },
+			func(s persistence.Store) persistence.Store { store.Store = s; return store })
+		w.deliver(t, "m0", "hold")
+		ids := w.flood(t, 1, 6, 16)
+		withdrawn := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &Withdraw{Source: sourceToProto(w.src), MessageId: "m3"}}, time.Hour)
+		close(a.hold)
+		synctest.Wait()
+		if got := a.order(); len(got) != 6 {
+			t.Fatalf("turns ran %v before the archive landed, want 6: the spill read back past m3", got)
+		}
+		close(store.release)
+		res, err := withdrawn.Result()
+		if r, _ := res.(*WithdrawResult); err != nil || r == nil || !r.Withdrawn {
+			t.Fatalf("withdrawal of m3 = %v (err %v), want withdrawn", res, err)
+		}
+		w.awaitTurnEnds(6)
+		synctest.Wait()
+		want := append([]string{"m0"}, slices.DeleteFunc(ids, func(id string) bool { return id == "m3" })...)
+		if got := a.order(); !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want %v", got, want)
 		}
 	})
 }
