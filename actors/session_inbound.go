@@ -182,14 +182,16 @@ func (s *Session) rememberUnsure(it *item) {
 
 // storedAsWritten returns the stored message u's write put in the store, if it is there as
 // that write left it: in the current incarnation, at its seq, from its sender, with its text,
-// and still pending. ErrNotFound means the write did not apply.
+// and still pending, not archived (a withdrawal archives a message that waits: it is no work
+// to adopt). ErrNotFound means the write did not apply.
 func (s *Session) storedAsWritten(u *item) (*persistence.Message, error) {
 	orig, err := s.findStored(u.src, u.messageID)
 	if err != nil {
 		return nil, err
 	}
 	if s.cur == nil || orig.SessionID != s.cur.ID || orig.SessionID != u.sessionID || orig.Seq != u.seq ||
-		orig.Status != persistence.StatusPending || orig.Content != u.text || orig.UserID != u.src.UserID {
+		orig.Status != persistence.StatusPending || !orig.Active || orig.Archived ||
+		orig.Content != u.text || orig.UserID != u.src.UserID {
 		return nil, fmt.Errorf("message %s: stored as %s/%d (%s), not as written: %w", u.messageID, orig.SessionID, orig.Seq, orig.Status, persistence.ErrDuplicate)
 	}
 	return orig, nil

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/asynkron/protoactor-go/actor"
@@ -76,6 +77,11 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 			return
 		}
 		sp.stored = max(0, sp.stored-1)
+		// A message whose write's answer was lost (rememberUnsure) is this one: withdrawn, it
+		// is no longer the key's recovery's to adopt and run (adoptUnsure), nor is its archived
+		// row pending work (storedAsWritten). Before, a recovery after the spill was read back
+		// past it ran it (TestWithdrawnSpilledMessageWhoseAnswerWasLostStaysWithdrawn).
+		s.forgetUnsure(it.messageID)
 	}
 	spilled := i < 0
 	if spilled {
@@ -102,13 +108,26 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 			// review); one begun meanwhile from behind it runs first.
 			switch {
 			case s.fencedOut:
+			case s.cur == nil || s.cur.ID != it.sessionID:
+				// A boundary (/new, a reset) ended its session meanwhile and dropped that
+				// session's queue, which no longer held it: it is dropped as they were (failed,
+				// archived), not run in the new session, nor left pending in the ended one, to
+				// run if it is resumed (TestRefusedWithdrawalAfterANewSessionRunsNothing).
+				s.writeFor(c, unrunOps(it.sessionID, it.seq), orphaned, func(c actor.Context, err error) {
+					if err != nil {
+						s.logger().Warn("a message its sender deleted, of a session that has ended since, could not be set aside; it stays pending in that session and runs if the session is resumed",
+							"message_id", it.messageID, "session_id", it.sessionID, logging.Err(err))
+						c.Send(requester, &WithdrawResult{Error: "the withdrawal could not be stored: " + err.Error()})
+						return
+					}
+					c.Send(requester, &WithdrawResult{Withdrawn: true})
+				})
+				return
 			case spilled:
 				// Where its seq puts it now: in memory if the spill was read back past it,
 				// else among the spilled messages (queueAdopted).
-				if s.cur != nil && s.cur.ID == it.sessionID {
-					s.queueAdopted(it)
-					s.tryStart(c)
-				}
+				s.queueAdopted(it)
+				s.tryStart(c)
 			default:
 				at, _ := slices.BinarySearchFunc(s.queue, it.seq, func(q *item, seq int64) int { return cmp.Compare(q.seq, seq) })
 				s.queue = slices.Insert(s.queue, at, it)

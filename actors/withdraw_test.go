@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
 
@@ -325,4 +326,117 @@ func TestSpilledMessageWithdrawnIsNotReadBackBeforeItsArchive(t *testing.T) {
 			t.Errorf("turns ran %v, want %v", got, want)
 		}
 	})
+}
+
+// TestWithdrawnSpilledMessageWhoseAnswerWasLostStaysWithdrawn: a spilled message whose write's
+// answer was lost (the session holds it as unsure: it may be stored) and that its sender
+// deletes is withdrawn from the store; the key's recovery, which adopts the unsure messages
+// the store holds, does not take it back and run it once the spill was read back past it.
+// Before, the recovery found its row (archived, pending still) "as written" and ran it.
+func TestWithdrawnSpilledMessageWhoseAnswerWasLostStaysWithdrawn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newRequeueAgent()
+		out := &storetest.Outage{}
+		blind := &blindReads{}
+		w := newManagerWorldWrites(t, a, func(d *Deps) { d.Config.QueueCap = 2; d.Fencing = true; blind.wrap(d) },
+			func(s persistence.Store) persistence.Store { out.Store = s; return out })
+		w.deliver(t, "m0", "hold")
+		ids := w.flood(t, 1, 4, 16)
+		out.Lost.Store(1)
+		blind.on.Store(true) // the session cannot read whether the write applied
+		if r := w.deliver(t, "lost", "lost"); r.ErrorCode != "unavailable" {
+			t.Fatalf("lost, whose commit answer is lost: %+v, want unavailable", r)
+		}
+		blind.on.Store(false)
+		if r := w.deliver(t, "after", "after"); r.Disposition != platforms.Queued {
+			t.Fatalf("after: %+v, want queued", r)
+		}
+		if r := w.withdraw(t, "lost"); !r.Withdrawn || r.Error != "" {
+			t.Fatalf("withdrawal of lost, spilled = %+v, want withdrawn", r)
+		}
+		close(a.hold)
+		w.awaitTurnEnds(6)
+		synctest.Wait() // the spill read back past it
+		w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+		synctest.Wait()
+		if want := append(append([]string{"m0"}, ids...), "after"); !slices.Equal(a.order(), want) {
+			t.Errorf("turns ran %v, want %v: not the withdrawn one", a.order(), want)
+		}
+		if m := w.rowOf(t, "lost"); m.Active || !m.Archived || m.Status != persistence.StatusPending {
+			t.Errorf("lost's row = %+v, want archived unrun", m)
+		}
+	})
+}
+
+// holdRefuseArchive holds the commits that archive rows until release is closed, then refuses
+// them (the store failing meanwhile); other commits go through.
+type holdRefuseArchive struct {
+	persistence.Store
+	release chan struct{}
+}
+
+func (h *holdRefuseArchive) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	errs := make([]error, len(groups))
+	var rest [][]persistence.Op
+	var at []int
+	for i, g := range groups {
+		if len(g) <= 2 && slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.ArchiveMessages); return ok }) &&
+			!slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.SetMessageStatus); return ok }) {
+			<-h.release
+			errs[i] = fmt.Errorf("%w: disk full (test)", persistence.ErrUnavailable)
+			continue
+		}
+		rest, at = append(rest, g), append(at, i)
+	}
+	if len(rest) > 0 {
+		for j, err := range h.Store.Commit(ctx, rest) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+// TestRefusedWithdrawalAfterANewSessionRunsNothing: a message withdrawn while a /new ends its
+// session, the withdrawal's archive in flight, and whose archive the store then refuses, is
+// dropped as the /new dropped the queue: it does not run in the new session, and its row is
+// set aside (failed, archived), not left pending; so in the queue in memory and among the
+// spilled messages. Before, the one in memory went back into the queue, now the new session's,
+// and ran there (the deleted message answered after the /new), and a spilled one's row stayed
+// pending in the ended session, to run if it was resumed.
+func TestRefusedWithdrawalAfterANewSessionRunsNothing(t *testing.T) {
+	for _, id := range []string{"m2", "m4"} { // in memory; spilled
+		t.Run(id, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a := newRequeueAgent()
+				store := &holdRefuseArchive{release: make(chan struct{})}
+				w := newManagerWorldWrites(t, a, func(d *Deps) { d.Config.QueueCap = 2 },
+					func(s persistence.Store) persistence.Store { store.Store = s; return store })
+				w.deliver(t, "m0", "hold")
+				w.flood(t, 1, 4, 16)
+				withdrawn := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &Withdraw{Source: sourceToProto(w.src), MessageId: id}}, time.Hour)
+				synctest.Wait()
+				n := w.request("n1", "/new")
+				synctest.Wait()
+				close(store.release)
+				if _, err := n.Result(); err != nil {
+					t.Fatalf("/new: %v", err)
+				}
+				if _, err := withdrawn.Result(); err != nil {
+					t.Fatalf("withdrawal of %s: %v", id, err)
+				}
+				close(a.hold)
+				if r := w.deliver(t, "m5", "m5"); r.ErrorCode != "" {
+					t.Fatalf("m5: %+v", r)
+				}
+				w.awaitTurnEnds(2)
+				synctest.Wait()
+				if got := a.order(); slices.Contains(got, id) {
+					t.Errorf("turns ran %v: the withdrawn %s too", got, id)
+				}
+				if m := w.rowOf(t, id); m.Status == persistence.StatusPending && m.Active {
+					t.Errorf("%s's row = %+v, left pending in the ended session", id, m)
+				}
+			})
+		})
+	}
 }
