@@ -88,6 +88,7 @@ func (d *Daemon) startCluster(stop <-chan struct{}) (err error) {
 			} else {
 				err = fmt.Errorf("cluster: join %s as %s: %v", cc.Name, cc.Bind, p)
 			}
+			d.abandonJoin()
 		}
 	}()
 	// The router is the cluster's before the first change of membership, whose recovery uses it.
@@ -237,6 +238,28 @@ func (d *Daemon) withdraw() {
 	if err := d.membership.Shutdown(true); err != nil {
 		d.log.Warn("leave the cluster's membership", logging.Err(err))
 	}
+}
+
+// abandonJoin takes down what protoactor's StartMember started when the join failed or a stop
+// cut it (the registration in the members table: storeMembership.StartMember), in the order of
+// leaveCluster: the placement actor, the gossip's loop and actor, then the remote's endpoint
+// actors and its listener. Start's failure shuts the actor system down after. The member never
+// registered (or left at once), so there is no membership to leave and no other member to wait
+// for. StartMember panics where it fails: a remote that could not listen started nothing (the
+// identity lookup is set up only once it listens), and its Shutdown would fail on what it never
+// made. Before, a failed join left them all running: serve exits right after, but an
+// in-process caller (a test, an embedder) kept the cluster port bound and protoactor's
+// goroutines for the life of the process (TestClusterJoinThatEndsLeavesNothingRunning).
+func (d *Daemon) abandonJoin() {
+	c := d.cluster
+	d.cluster = nil // nothing of it runs: no stop leaves it
+	d.system.EventStream.Unsubscribe(d.topology)
+	if c.IdentityLookup == nil {
+		return
+	}
+	c.IdentityLookup.Shutdown()
+	c.Gossip.Shutdown()
+	d.endpoints.shutdown(c.Remote, d.log)
 }
 
 // leaveCluster leaves protoactor's cluster and stops the actor system. It runs after the

@@ -243,6 +243,21 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if err != nil {
 			d.cancel()
 			d.retrying.Wait() // it ends with d.ctx; the store closes below
+			// The daemon's actors stopped (stopChildren) before Start returned, and a cluster
+			// join that failed or was stopped took down what it started (abandonJoin). A
+			// member that joined leaves, as a stop's does.
+			if d.system != nil {
+				d.events.close()
+				if d.cluster != nil {
+					d.withdraw()
+					d.leaveCluster(context.Background()) // it shuts the actor system down
+				} else {
+					d.system.Shutdown()
+				}
+			}
+			if d.meters != nil {
+				_ = d.meters.Shutdown(context.Background())
+			}
 			if d.dispatcher != nil {
 				d.dispatcher.Stop()
 			}
