@@ -30,9 +30,12 @@ const migrateLock = 0x61676d67
 
 // migrate applies the embedded migrations that the database lacks, in order, in one transaction
 // under an advisory lock, and records each in schema_migrations. A database migrated by a newer
-// binary is refused. ctx ends only the wait for the advisory lock (another process migrates),
-// before anything is done: once the lock is taken the migration runs to its end whatever ctx
-// does (Open says why), and the caller looks at ctx then.
+// binary is refused. ctx ends only the waits before anything is done: for a connection of the
+// pool and its BEGIN (a database that stopped answering after the ping), and for the advisory
+// lock (another process migrates). Once the lock is taken the migration runs to its end
+// whatever ctx does (Open says why), and the caller looks at ctx then. Before, the BEGIN ran
+// with the ctx the migration keeps, and a stop did not end its wait
+// (TestOpenEndedWhileTheMigrationBeginsStops).
 func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	ms, err := migrations()
 	if err != nil {
@@ -41,7 +44,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	wait := ctx
 	ctx = context.WithoutCancel(ctx)
 	start, from, applied := time.Now(), 0, 0
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// pgxpool's ctx for Begin ends only the acquire and the BEGIN, not the transaction.
+	err = pgx.BeginFunc(ctx, beginWith{pool, wait}, func(tx pgx.Tx) error {
 		// Cut by wait, the statement fails and the transaction, which holds nothing yet, rolls
 		// back (pgx closes the connection whose statement its ctx ended).
 		if _, err := tx.Exec(wait, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
@@ -96,6 +100,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	}
 	return nil
 }
+
+// beginWith begins its pool's transactions with ctx, whatever ctx pgx.BeginFunc passes.
+type beginWith struct {
+	pool *pgxpool.Pool
+	ctx  context.Context
+}
+
+func (b beginWith) Begin(context.Context) (pgx.Tx, error) { return b.pool.Begin(b.ctx) }
 
 // checkSchema reports an error unless every embedded migration has been applied (see
 // Options.NoMigrate); a newer schema is fine for reading.

@@ -165,12 +165,12 @@ const defaultMaxConns = 8
 // cluster may open the same database at once: migrations take an advisory lock.
 //
 // ctx ends Open's waits at once: the connects, the ping, the wait for the daemon lock (up to
-// Options.LockWait) and the wait for another process's migration. A migration that has begun
-// is not cut by it: it runs to its end (a cut would roll all of it back, to be done again from
-// the start at the next Open), and Open then returns ErrMigratedThenEnded (and ctx's error)
-// without going further. An
-// error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate serve`
-// takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock).
+// Options.LockWait), the migration's BEGIN (TestOpenEndedWhileTheMigrationBeginsStops) and the
+// wait for another process's migration. A migration that has begun is not cut by it: it runs
+// to its end (a cut would roll all of it back, to be done again from the start at the next
+// Open), and Open then returns ErrMigratedThenEnded (and ctx's error) without going further.
+// An error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate
+// serve` takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock).
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -236,7 +236,15 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	if err := migrateOrCheck(ctx, pool, log); err != nil {
 		st.unlock()
-		pool.Close()
+		if ctx.Err() != nil {
+			// ctx may have cut the migration's BEGIN on a server that stopped answering:
+			// pgx then waits up to 15 s for the server to close that connection (it reads
+			// until then), and Close waits for that. The stop does not
+			// (TestOpenEndedWhileTheMigrationBeginsStops).
+			go pool.Close()
+		} else {
+			pool.Close()
+		}
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	if err := ctx.Err(); err != nil { // ended while it migrated, which went on to its end
