@@ -23,23 +23,22 @@ import (
 )
 
 // TestClusterJoinThatEndsLeavesNothingRunning: a cluster join that fails (its registration in
-// the members table runs out of member_ttl, or its cluster port is taken) or that a stop cuts (Options.Stop) tears down what
-// protoactor's StartMember started before Start returns: the member's cluster port can be bound
-// again at once, and no goroutine of protoactor's (its gRPC server, the gossip loop, an endpoint
-// actor) runs on. Before, serve exited right after, but an in-process caller (a test, an
+// the members table runs out of member_ttl, or its cluster port is taken) or that a stop cuts
+// (Options.Stop) tears down what protoactor's StartMember started before Start returns: the
+// member's cluster port can be bound again at once, and no goroutine of protoactor's (its gRPC
+// server, the gossip loop, an endpoint actor) runs on. Before, serve exited right after, but an in-process caller (a test, an
 // embedder) kept the port bound and those goroutines for the life of the process.
 func TestClusterJoinThatEndsLeavesNothingRunning(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		bind string // of the brief's fixed ports: the test binds it again after
-		stop bool   // a stop cuts the join; else member_ttl ends it
-		// Another process listens on bind: protoactor's remote cannot listen, and started
-		// nothing that could be shut down.
+		stop bool // a stop cuts the join; else member_ttl ends it
+		// Another process listens on the cluster port: protoactor's remote cannot listen,
+		// and started nothing that could be shut down.
 		taken bool
 	}{
-		{"failed", "127.0.0.1:22340", false, false},
-		{"stopped", "127.0.0.1:22341", true, false},
-		{"port taken", "127.0.0.1:22342", false, true},
+		{"failed", false, false},
+		{"stopped", true, false},
+		{"port taken", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -62,20 +61,29 @@ func TestClusterJoinThatEndsLeavesNothingRunning(t *testing.T) {
 			if _, err := tx.Exec(ctx, `LOCK TABLE members IN EXCLUSIVE MODE`); err != nil { // reads pass, writes wait
 				t.Fatal(err)
 			}
-			cfg := config.Default()
-			cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
-			cfg.Store.Driver, cfg.Store.DSN = "postgres", dsn // (clusterOn, which is built without -race)
-			cfg.Cluster.Enabled, cfg.Cluster.Bind = true, tc.bind
-			cfg.Cluster.MemberTTL = time.Second // the join's bound
-			if tc.stop {
-				cfg.Cluster.MemberTTL = 30 * time.Second
-			}
-			var taken net.Listener
+			// The cluster port is one the kernel picked (the test binds it again after), not a
+			// fixed one, which parallel runs of the tests would share. A port taken is held
+			// from the pick on; a free one is let go just before the start binds it.
+			var (
+				taken net.Listener
+				bind  string
+			)
 			if tc.taken {
-				if taken, err = net.Listen("tcp", tc.bind); err != nil {
+				if taken, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 					t.Fatal(err)
 				}
 				defer taken.Close()
+				bind = taken.Addr().String()
+			} else {
+				bind = freeAddr(t)
+			}
+			cfg := config.Default()
+			cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
+			cfg.Store.Driver, cfg.Store.DSN = "postgres", dsn // (clusterOn, which is built without -race)
+			cfg.Cluster.Enabled, cfg.Cluster.Bind = true, bind
+			cfg.Cluster.MemberTTL = time.Second // the join's bound
+			if tc.stop {
+				cfg.Cluster.MemberTTL = 30 * time.Second
 			}
 			base := protoactorGoroutines()
 			var logs testutil.Buffer
@@ -111,7 +119,7 @@ func TestClusterJoinThatEndsLeavesNothingRunning(t *testing.T) {
 				taken.Close()
 			}
 			// At once: Start has returned, and what it started is down.
-			l, err := net.Listen("tcp", tc.bind)
+			l, err := net.Listen("tcp", bind)
 			if err != nil {
 				t.Fatalf("the member's cluster port after its join ended: %v (the join left its listener open)", err)
 			}
