@@ -42,31 +42,14 @@ func TestClusterJoinThatEndsLeavesNothingRunning(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			dsn := pgtest.NewDatabase(t)
-			st, err := postgres.Open(ctx, dsn, postgres.Options{}) // migrated, so that only the join waits
-			if err != nil {
-				t.Fatal(err)
-			}
-			st.Close()
-			admin, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer admin.Close(context.Background())
-			tx, err := admin.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(context.Background()) }()
-			if _, err := tx.Exec(ctx, `LOCK TABLE members IN EXCLUSIVE MODE`); err != nil { // reads pass, writes wait
-				t.Fatal(err)
-			}
+			dsn, admin, _ := membersLocked(t)
 			// The cluster port is one the kernel picked (the test binds it again after), not a
 			// fixed one, which parallel runs of the tests would share. A port taken is held
 			// from the pick on; a free one is let go just before the start binds it.
 			var (
 				taken net.Listener
 				bind  string
+				err   error
 			)
 			if tc.taken {
 				if taken, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
@@ -179,4 +162,32 @@ func newGoroutines(base, now map[string][]string) []string {
 	}
 	slices.Sort(left)
 	return left
+}
+
+// membersLocked returns a new database, migrated, whose members table a transaction (tx, on
+// admin) holds locked for writes until the test ends or rolls tx back: a member's registration
+// waits (reads pass), so that only the cluster's join does.
+func membersLocked(t *testing.T) (dsn string, admin *pgx.Conn, tx pgx.Tx) {
+	t.Helper()
+	ctx := t.Context()
+	dsn = pgtest.NewDatabase(t)
+	st, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	admin, err = pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	tx, err = admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `LOCK TABLE members IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, admin, tx
 }

@@ -15,9 +15,6 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/testutil"
-	"github.com/agentgate/agentgate/internal/testutil/pgtest"
-	"github.com/agentgate/agentgate/persistence/postgres"
-	"github.com/jackc/pgx/v5"
 )
 
 // TestClusterStopWhileTheStartJoins: a stop asked for (Options.Stop: serve's first stop signal)
@@ -28,25 +25,7 @@ import (
 // context deadline exceeded"; serve exited 1).
 func TestClusterStopWhileTheStartJoins(t *testing.T) {
 	ctx := t.Context()
-	dsn := pgtest.NewDatabase(t)
-	st, err := postgres.Open(ctx, dsn, postgres.Options{}) // migrated, so that only the join waits
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Close()
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
-	tx, err := admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE members IN EXCLUSIVE MODE`); err != nil { // reads pass, writes wait
-		t.Fatal(err)
-	}
+	dsn, admin, tx := membersLocked(t)
 	cfg := config.Default()
 	cfg.DataDir, cfg.HTTP.Addr = t.TempDir(), "127.0.0.1:0"
 	clusterOn(dsn)(cfg)
