@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,15 +19,15 @@ import (
 )
 
 // TestOpenEndedWhileTheMigrationBeginsStops: Open's ctx ending while the migration's BEGIN
-// waits for a database that stopped answering right after the ping (here a connection that
-// drops everything from the BEGIN on, as a host gone silent does) ends Open at once with ctx's
+// waits for a database that stopped answering right after the ping (here a relay that drops
+// everything from the BEGIN on, as a host gone silent does) ends Open at once with ctx's
 // error, not postgres.ErrMigratedThenEnded: nothing was written, and the next Open migrates
 // from the start. Before, the BEGIN ran with a ctx the stop did not end (only a migration that
 // has begun must finish), and Open waited for the database for as long as TCP took to give up
 // on it (hours): a daemon asked to stop during its start kept waiting.
 func TestOpenEndedWhileTheMigrationBeginsStops(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	h := holdAtBegin(t, dsn)
+	h := holdAt(t, dsn, isBegin)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	opened := make(chan error, 1)
@@ -66,15 +67,16 @@ func TestOpenEndedWhileTheMigrationBeginsStops(t *testing.T) {
 	}
 }
 
-// beginHold passes a test database's connections through a Unix socket of its own, and drops
-// everything a connection carries (both ways, never closing it) from the first BEGIN a client
-// sends on: a server that stops answering between a ping and a transaction.
-type beginHold struct {
+// silentRelay passes a test database's connections through a Unix socket of its own, and from
+// the first message a client sends that hold picks (isBegin: a BEGIN) on, drops everything
+// every connection carries, both ways, never closing one, and passes nothing on a new one: a
+// server (its host) that stops answering there, as between a ping and a transaction.
+type silentRelay struct {
 	dsn  string
-	held chan struct{} // closed when a BEGIN is held
+	held chan struct{} // closed when a connection is first held
 }
 
-func holdAtBegin(t *testing.T, dsn string) *beginHold {
+func holdAt(t *testing.T, dsn string, hold func(msg []byte) bool) *silentRelay {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -90,7 +92,7 @@ func holdAtBegin(t *testing.T, dsn string) *beginHold {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &beginHold{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1), held: make(chan struct{})}
+	h := &silentRelay{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1), held: make(chan struct{})}
 	if h.dsn == dsn {
 		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
 	}
@@ -98,11 +100,14 @@ func holdAtBegin(t *testing.T, dsn string) *beginHold {
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		conns []net.Conn
+		ended bool // the test's cleanup closed conns: a connection accepted since is closed
 		once  sync.Once
+		quiet atomic.Bool // held: the server is silent
 	)
 	t.Cleanup(func() {
 		_ = l.Close()
 		mu.Lock()
+		ended = true
 		for _, c := range conns {
 			_ = c.Close()
 		}
@@ -121,28 +126,30 @@ func holdAtBegin(t *testing.T, dsn string) *beginHold {
 				continue
 			}
 			mu.Lock()
+			if ended { // else its passes would wait for its client or the server to close it
+				mu.Unlock()
+				_, _ = c.Close(), up.Close()
+				return
+			}
 			conns = append(conns, c, up)
 			mu.Unlock()
-			// A held connection drops what its client sends; the server, which never gets
-			// the BEGIN, sends nothing more on it.
 			pass := func(dst, src net.Conn, fromClient bool) {
-				held := false
 				buf := make([]byte, 32<<10)
 				for {
 					n, err := src.Read(buf)
-					// A client writes a simple query whole and waits for its answer (pgx's
-					// BEGIN: Exec with no arguments), so one read holds all of it.
-					if fromClient && !held && isBegin(buf[:n]) {
-						held = true
+					// A client writes a query whole and waits for its answer (pgx's BEGIN:
+					// Exec with no arguments), so one read holds all of it.
+					if fromClient && !quiet.Load() && hold(buf[:n]) {
+						quiet.Store(true)
 						once.Do(func() { close(h.held) })
 					}
-					if n > 0 && !held {
+					if n > 0 && !quiet.Load() {
 						if _, err := dst.Write(buf[:n]); err != nil {
 							return
 						}
 					}
 					if err != nil {
-						if !held {
+						if !quiet.Load() {
 							_ = dst.Close()
 						}
 						return
@@ -160,4 +167,29 @@ func holdAtBegin(t *testing.T, dsn string) *beginHold {
 func isBegin(b []byte) bool {
 	const header = 5 // 'Q' and the message's length
 	return len(b) > header && b[0] == 'Q' && bytes.HasPrefix(bytes.ToLower(b[header:]), []byte("begin"))
+}
+
+// isQuery returns a hold for holdAt that picks the first simple query (Q) or the first
+// statement parsed (P: a query with arguments, or one pgx prepares) whose text begins with
+// prefix.
+func isQuery(prefix string) func([]byte) bool {
+	return func(b []byte) bool {
+		const header = 5 // the message's type and length
+		if len(b) <= header {
+			return false
+		}
+		text := b[header:]
+		switch b[0] {
+		case 'Q':
+		case 'P': // the statement's name, then its text
+			i := bytes.IndexByte(text, 0)
+			if i < 0 {
+				return false
+			}
+			text = text[i+1:]
+		default:
+			return false
+		}
+		return bytes.HasPrefix(text, []byte(prefix))
+	}
 }

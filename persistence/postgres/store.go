@@ -166,7 +166,8 @@ const defaultMaxConns = 8
 //
 // ctx ends Open's waits at once: the connects, the ping, the wait for the daemon lock (up to
 // Options.LockWait), the migration's BEGIN (TestOpenEndedWhileTheMigrationBeginsStops) and the
-// wait for another process's migration. A migration that has begun is not cut by it: it runs
+// wait for another process's migration; Open then returns at once, and lets go of what it
+// took in the background (closeFailedOpen). A migration that has begun is not cut by it: it runs
 // to its end (a cut would roll all of it back, to be done again from the start at the next
 // Open), and Open then returns ErrMigratedThenEnded (and ctx's error) without going further.
 // An error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate
@@ -203,20 +204,23 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
+	var st *Store // once made: its daemon lock, if taken, goes first
+	fail := func(err error) (*Store, error) {
+		closeFailedOpen(ctx, st, pool)
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
+	if err := pool.Ping(ctx); err != nil {
+		return fail(err)
+	}
 	if err := checkEncoding(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+		return fail(err)
 	}
 	named := where(cfg)
 	if schema != "" {
 		// The schema the store keeps to, which its DSN's search_path may name or not.
 		named = strings.TrimSuffix(named, ")") + " schema " + schema + ")"
 	}
-	st := &Store{pool: pool, log: log, where: named, timeout: timeout, connCfg: cfg.ConnConfig.Copy(), commits: make(chan struct{}, 1),
+	st = &Store{pool: pool, log: log, where: named, timeout: timeout, connCfg: cfg.ConnConfig.Copy(), commits: make(chan struct{}, 1),
 		noAnswer: fmt.Errorf("%w: postgres did not answer within %v", persistence.ErrUnavailable, timeout)}
 	st.closing, st.cancelClosing = context.WithCancel(context.Background())
 	if opts.Exclusive || opts.Shared {
@@ -226,8 +230,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			wait = 5 * time.Second
 		}
 		if err := st.lock(ctx, wait); err != nil {
-			pool.Close()
-			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+			return fail(err)
 		}
 	}
 	migrateOrCheck := migrate
@@ -235,28 +238,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		migrateOrCheck = checkSchema
 	}
 	if err := migrateOrCheck(ctx, pool, log); err != nil {
-		st.unlock()
-		if ctx.Err() != nil {
-			// ctx may have cut the migration's BEGIN on a server that stopped answering:
-			// pgx then waits up to 15 s for the server to close that connection (it reads
-			// until then), and Close waits for that. The stop does not
-			// (TestOpenEndedWhileTheMigrationBeginsStops).
-			go pool.Close()
-		} else {
-			pool.Close()
-		}
-		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+		return fail(err)
 	}
 	if err := ctx.Err(); err != nil { // ended while it migrated, which went on to its end
-		st.unlock()
-		pool.Close()
-		return nil, fmt.Errorf("open postgres %s: %w: %w", where(cfg), ErrMigratedThenEnded, err)
+		return fail(fmt.Errorf("%w: %w", ErrMigratedThenEnded, err))
 	}
 	if opts.Exclusive || opts.Shared {
 		if err := st.raiseEpoch(ctx); err != nil { // the table exists once migrated
-			st.unlock()
-			pool.Close()
-			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+			return fail(err)
 		}
 		every := opts.LockCheckInterval
 		if every <= 0 {
@@ -265,14 +254,41 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		// Only now: a long migration leaves the lock's connection idle.
 		st.lockIdle, st.lockEvery = lockIdleChecks*every, every
 		if err := st.endIdleLock(ctx); err != nil {
-			st.unlock()
-			pool.Close()
-			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+			return fail(err)
 		}
 		st.held.Store(&lockHold{epoch: st.lockEpoch, raise: st.lockRaise})
 		st.watcher.Go(func() { st.watchLock(every) })
 	}
 	return st, nil
+}
+
+// closeFailedOpen lets go of what an Open that failed took: st's daemon lock, when st was made
+// (nil before), then the pool. When Open's ctx has ended (a stop), it does so in the
+// background: ctx may have cut a statement of the ping, the encoding's check, the migration's
+// BEGIN or the wait for another process's migration on a server that stopped answering, and
+// pgx then closes that connection in the background, reading for up to 15 s for the server to
+// close it, which pool.Close waits for; the lock's release waits up to 5 s for such a server.
+// The stop waits for neither (TestOpenEndedWhileTheMigrationBeginsStops,
+// TestOpenEndedOnASilentServerStops); before, only a cut migration closed the pool in the
+// background, after the lock's release (up to 5 s), and a stop during the ping or the
+// encoding's check waited 15 s. The lock is
+// still let go of, as soon as the server answers: an Open in the same process after this one
+// waits for it (Options.LockWait) as for another daemon's, and takes it
+// (TestOpenEndedWhileAMigrationWaitsLetsTheLockGo). Any other failure (a connection
+// refused, a wrong password, a wrong encoding, the lock held by another daemon) lets go of both
+// before Open returns, as Close does.
+func closeFailedOpen(ctx context.Context, st *Store, pool *pgxpool.Pool) {
+	release := func() {
+		if st != nil {
+			st.unlock()
+		}
+		pool.Close()
+	}
+	if ctx.Err() != nil {
+		go release()
+		return
+	}
+	release()
 }
 
 // pinSchema sets the search_path of cfg's connections to the schema it resolves to now

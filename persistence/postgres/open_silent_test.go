@@ -1,0 +1,117 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestOpenEndedOnASilentServerStops: Open's ctx ending while Open waits for a server that
+// stopped answering after the connect (here a relay that drops everything from a statement on,
+// as a host gone silent does) ends Open promptly with ctx's error, at each of its waits that
+// ctx ends: the ping, the encoding's check, the daemon lock's, and the migration's BEGIN with
+// the daemon lock taken. Before, a cut ping or encoding check closed the pool before Open
+// returned, and pgx waits up to 15 s for a silent server to close a connection whose statement
+// was cut (it reads until then), which the pool's Close waits for; and a cut BEGIN let go of
+// the daemon lock first, which waited up to 5 s for the silent server: a daemon asked to stop
+// during its start waited that long. (The daemon lock's wait returned promptly already: pgx
+// closes its cut connection, its own, in the background, and the pool's are idle.)
+func TestOpenEndedOnASilentServerStops(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hold func([]byte) bool // the statement the server stops answering at
+		opts Options
+	}{
+		{"ping", isQuery("-- ping"), Options{}},
+		{"encoding", isQuery("SHOW server_encoding"), Options{}},
+		{"lock", isQuery("SELECT pg_advisory_lock("), Options{Exclusive: true, LockWait: time.Minute}},
+		{"begin with the lock", isBegin, Options{Exclusive: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := holdAt(t, pgtest.NewDatabase(t), c.hold)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			opened := make(chan error, 1)
+			go func() {
+				s, err := Open(ctx, h.dsn, c.opts)
+				if err == nil {
+					_ = s.Close()
+					err = errors.New("Open returned a store")
+				}
+				opened <- err
+			}()
+			select {
+			case <-h.held:
+			case err := <-opened:
+				t.Fatalf("Open = %v before the server stopped answering", err)
+			}
+			cancel()
+			// Well under the lock's 5 s and pgx's 15 s, well over a prompt return.
+			select {
+			case err := <-opened:
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("Open = %v after its ctx ended, want context.Canceled", err)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("Open went on after its ctx ended while the server was silent")
+			}
+		})
+	}
+}
+
+// TestOpenEndedWhileAMigrationWaitsLetsTheLockGo: an Open cut (its ctx ended) while it waits
+// for another process's migration, which lets go of its daemon lock in the background
+// (closeFailedOpen), still lets go of it: an Open in the same process right after takes it.
+func TestOpenEndedWhileAMigrationWaitsLetsTheLockGo(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	admin, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(t.Context(), `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	opened := make(chan error, 1)
+	go func() {
+		s, err := Open(ctx, dsn, Options{Exclusive: true})
+		if err == nil {
+			_ = s.Close()
+			err = errors.New("Open returned a store")
+		}
+		opened <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND classid = $1 AND NOT granted`, migrateLock).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Open did not wait for the migration's lock within 10 s: the test does not test")
+		}
+		time.Sleep(time.Millisecond) // polls the server under a deadline
+	}
+	cancel()
+	if err := <-opened; !errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) {
+		t.Fatalf("Open = %v after its ctx ended while it waited for a migration, want context.Canceled", err)
+	}
+	if _, err := admin.Exec(t.Context(), `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, int32(migrateLock)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(t.Context(), dsn, Options{Exclusive: true})
+	if err != nil {
+		t.Fatalf("Open after a cut Open of the same process = %v, want its daemon lock let go of", err)
+	}
+	_ = s.Close()
+}
