@@ -241,7 +241,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return fail(err)
 	}
 	if err := ctx.Err(); err != nil { // ended while it migrated, which went on to its end
-		return fail(fmt.Errorf("%w: %w", ErrMigratedThenEnded, err))
+		// The server answered the migration just now: the lock is let go of before Open
+		// returns, not in the background, so that the process's exit, which follows, does
+		// not cut its release short, and a start right after finds it free.
+		closeFailedOpen(context.WithoutCancel(ctx), st, pool)
+		return nil, fmt.Errorf("open postgres %s: %w: %w", where(cfg), ErrMigratedThenEnded, err)
 	}
 	if opts.Exclusive || opts.Shared {
 		if err := st.raiseEpoch(ctx); err != nil { // the table exists once migrated
