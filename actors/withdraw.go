@@ -139,7 +139,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		c.Send(requester, &WithdrawResult{Withdrawn: true})
 	})
 	if spilled && s.spilling() == sp {
-		s.settle() // a tail that empties, or a range it alone was left in, ends
+		s.settle() // a tail that empties ends; a stored range left empty ends at its next read back
 	}
 	s.tryStart(c) // the next message may run now (the withdrawn one headed the queue)
 }
