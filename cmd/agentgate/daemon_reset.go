@@ -204,6 +204,7 @@ type daemonAnswer struct {
 	statusText string
 	body       []byte
 	code, msg  string // of an error body (msg printable); msg is the body itself when it is none
+	raw        string // msg as the daemon sent it, for reading (msg is cut short and quoted to print)
 }
 
 // daemonPost sends an admin POST of path (escaped) to the daemon listening at addr, run run,
@@ -273,7 +274,7 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
 		msg = e.Error.Message
 	}
-	a.code, a.msg = e.Error.Code, printable(msg)
+	a.code, a.msg, a.raw = e.Error.Code, printable(msg), msg
 	switch {
 	case resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == httpplatform.CodeStarting:
 		// A daemon that starts answers before it serves (its /healthz too), and takes nothing:

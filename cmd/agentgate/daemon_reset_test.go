@@ -366,6 +366,7 @@ func TestResetAndRequeueThroughADaemonWithoutTheRoute(t *testing.T) {
 // message the key does not have). Before, only the
 // text told it, and a daemon that worded it otherwise had its key's refusal printed raw.
 func TestResetAndRequeueReadNoSessionByItsCode(t *testing.T) {
+	longNoStored := "key " + keyA + " has no message m1" + strings.Repeat("1", 300) + ": it holds no stored session"
 	const (
 		noSessionReset   = "sessions reset: the key " + keyA + " has no session, so nothing was reset; agentgate sessions list prints the keys that have one"
 		noSessionRequeue = "sessions requeue: the key " + keyA + " has no session, so nothing was requeued; agentgate sessions list prints the keys that have one"
@@ -381,6 +382,11 @@ func TestResetAndRequeueReadNoSessionByItsCode(t *testing.T) {
 		// the key has no session, as its GET says (before, a message the key lacks).
 		{"an older daemon's no stored session", "not_found", "key " + keyA + " has no message m1: it holds no stored session",
 			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: key " + keyA + " has no message m1: it holds no stored session",
+			noSessionRequeue},
+		// Read whole, though printed cut short: a long key and message id put its end past
+		// the 300 bytes an answer is printed with (before, read as a message the key lacks).
+		{"an older daemon's long no stored session", "not_found", longNoStored,
+			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: " + printable(longNoStored),
 			noSessionRequeue},
 		{"another not_found", "not_found", "key " + keyA + " has no message m1: not in its current session sa2, nor in an ended one still stored",
 			"reset " + keyA + ": the daemon at ADDR answered 404 Not Found: key " + keyA + " has no message m1: not in its current session sa2, nor in an ended one still stored",

@@ -123,7 +123,7 @@ func daemonRequeue(ctx context.Context, cfg *config.Config, addr, run, key, id s
 		return &res, nil
 	case http.StatusNotFound, http.StatusConflict:
 		switch {
-		case a.noSession(), a.code == httpplatform.CodeNotFound && strings.HasSuffix(a.msg, ": it holds no stored session"):
+		case a.noSession(), a.code == httpplatform.CodeNotFound && strings.HasSuffix(a.raw, ": it holds no stored session"):
 			// The second is an older daemon's answer (one still running during a rolling
 			// upgrade) for a key that routes to no stored session (it was pruned): a key
 			// with no session, as its GET says, not a message the key lacks.
