@@ -28,30 +28,8 @@ import (
 func TestOpenEndedWhileTheMigrationBeginsStops(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	h := holdAt(t, dsn, isBegin)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	opened := make(chan error, 1)
-	go func() {
-		s, err := Open(ctx, h.dsn, Options{})
-		if err == nil {
-			_ = s.Close()
-			err = errors.New("Open returned a store")
-		}
-		opened <- err
-	}()
-	select {
-	case <-h.held:
-	case err := <-opened:
-		t.Fatalf("Open = %v before its migration began", err)
-	}
-	cancel()
-	select {
-	case err := <-opened:
-		if !errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) {
-			t.Fatalf("Open = %v after its ctx ended during the migration's BEGIN, want context.Canceled and not ErrMigratedThenEnded", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Open went on waiting for the migration's BEGIN after its ctx ended")
+	if err := h.cutOpen(t, Options{}, 10*time.Second); !errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) {
+		t.Fatalf("Open = %v after its ctx ended during the migration's BEGIN, want context.Canceled and not ErrMigratedThenEnded", err)
 	}
 	admin, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
@@ -78,24 +56,8 @@ type silentRelay struct {
 
 func holdAt(t *testing.T, dsn string, hold func(msg []byte) bool) *silentRelay {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-	dir, err := os.MkdirTemp("", "pgbegin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	l, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &silentRelay{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1), held: make(chan struct{})}
-	if h.dsn == dsn {
-		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
-	}
+	l, target, relayed := unixRelay(t, dsn, "pgbegin")
+	h := &silentRelay{dsn: relayed, held: make(chan struct{})}
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -192,4 +154,59 @@ func isQuery(prefix string) func([]byte) bool {
 		}
 		return bytes.HasPrefix(text, []byte(prefix))
 	}
+}
+
+// cutOpen opens the store through h with opts, ends Open's ctx once h holds a connection
+// (the server went silent), and returns Open's error, failing the test when Open returned
+// before the hold or did not return within within of the cut.
+func (h *silentRelay) cutOpen(t *testing.T, opts Options, within time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	opened := make(chan error, 1)
+	go func() {
+		s, err := Open(ctx, h.dsn, opts)
+		if err == nil {
+			_ = s.Close()
+			err = errors.New("Open returned a store")
+		}
+		opened <- err
+	}()
+	select {
+	case <-h.held:
+	case err := <-opened:
+		t.Fatalf("Open = %v before the server stopped answering", err)
+	}
+	cancel()
+	select {
+	case err := <-opened:
+		return err
+	case <-time.After(within):
+		t.Fatalf("Open went on for %v after its ctx ended while the server was silent", within)
+		return nil
+	}
+}
+
+// unixRelay listens on a Unix socket of its own for the test database of dsn, whose own socket
+// (target) a relay passes its connections on to: it returns the listener, the target and dsn
+// made to connect through the listener. prefix names the socket's temporary directory.
+func unixRelay(t *testing.T, dsn, prefix string) (l net.Listener, target, relayed string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target = filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if l, err = net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))); err != nil {
+		t.Fatal(err)
+	}
+	if relayed = strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1); relayed == dsn {
+		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
+	}
+	return l, target, relayed
 }

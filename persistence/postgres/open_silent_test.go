@@ -33,31 +33,9 @@ func TestOpenEndedOnASilentServerStops(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := holdAt(t, pgtest.NewDatabase(t), c.hold)
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			opened := make(chan error, 1)
-			go func() {
-				s, err := Open(ctx, h.dsn, c.opts)
-				if err == nil {
-					_ = s.Close()
-					err = errors.New("Open returned a store")
-				}
-				opened <- err
-			}()
-			select {
-			case <-h.held:
-			case err := <-opened:
-				t.Fatalf("Open = %v before the server stopped answering", err)
-			}
-			cancel()
-			// Well under the lock's 5 s and pgx's 15 s, well over a prompt return.
-			select {
-			case err := <-opened:
-				if !errors.Is(err, context.Canceled) {
-					t.Fatalf("Open = %v after its ctx ended, want context.Canceled", err)
-				}
-			case <-time.After(3 * time.Second):
-				t.Fatal("Open went on after its ctx ended while the server was silent")
+			// Within well under the lock's 5 s and pgx's 15 s, well over a prompt return.
+			if err := h.cutOpen(t, c.opts, 3*time.Second); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Open = %v after its ctx ended, want context.Canceled", err)
 			}
 		})
 	}

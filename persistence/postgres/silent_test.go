@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -182,24 +181,8 @@ type silencer struct {
 
 func newSilencer(t *testing.T, dsn string) *silencer {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-	dir, err := os.MkdirTemp("", "pgsilent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	l, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &silencer{dsn: strings.Replace(dsn, "host="+cfg.Host, "host="+dir, 1), dropped: make(chan struct{}, 1)}
-	if p.dsn == dsn {
-		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
-	}
+	l, target, relayed := unixRelay(t, dsn, "pgsilent")
+	p := &silencer{dsn: relayed, dropped: make(chan struct{}, 1)}
 	var wg sync.WaitGroup
 	p.close = func() {
 		_ = l.Close()
