@@ -143,6 +143,7 @@ type Platform struct {
 	intake       []intakeItem
 	intaking     chan struct{}
 	intakeWarned bool
+	intakeWarnAt int // a test's lower bound for the warning; 0: intakeWarnAt
 
 	// unhold stops the last Run's ctx from ending a replay's hold when it ends (Run); runs
 	// counts the Runs started, so that the end of an earlier one's ctx, run on its own

@@ -35,9 +35,10 @@ import (
 // lost) is not stopping: its intake goes on delivering, as after a lost connection, for the
 // member may take the connection again and RESUME it, which reads nothing back.
 
-// intakeWarnAt is the length of the intake queue past which the platform warns (a var: tests
-// lower it).
-var intakeWarnAt = 1000
+// intakeWarnAt is the length of the intake queue past which the platform warns, unless its
+// intakeWarnAt field (a test's, set under p.mu) says another. A package variable that tests
+// lowered raced with the intake of an earlier test's platform still stopping.
+const intakeWarnAt = 1000
 
 // intakeItem is an entry of the intake queue: a message to handle, or a deletion to run.
 type intakeItem struct {
@@ -57,7 +58,11 @@ func (p *Platform) enqueueLocked(ms ...*discordgo.Message) {
 // startIntakeLocked warns of a long queue and starts the intake goroutine unless it runs. p.mu
 // is held.
 func (p *Platform) startIntakeLocked() {
-	if len(p.intake) > intakeWarnAt && !p.intakeWarned {
+	warnAt := intakeWarnAt
+	if p.intakeWarnAt > 0 {
+		warnAt = p.intakeWarnAt
+	}
+	if len(p.intake) > warnAt && !p.intakeWarned {
 		p.intakeWarned = true
 		p.log.Warn("discord messages queue up behind a delivery the runtime does not answer (is the store refusing writes?); none is dropped",
 			"queued", len(p.intake))

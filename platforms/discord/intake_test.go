@@ -154,11 +154,11 @@ func intakeWorldWith(t *testing.T, h *heldDelivery, setup func(*discordtest.Serv
 // handlers ran the delivery on the reader: no ACK was read (discordgo dropped the connection
 // after five intervals), and the deletion came after the deleted message was delivered.
 func TestReaderIsNotHeldByADelivery(t *testing.T) {
-	old := intakeWarnAt
-	intakeWarnAt = 2
-	t.Cleanup(func() { intakeWarnAt = old })
 	h := newHeldDelivery()
 	srv, p, log, _ := intakeWorld(t, h)
+	p.mu.Lock()
+	p.intakeWarnAt = 2
+	p.mu.Unlock()
 	post := func(text string) *discordgo.Message {
 		return srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: text})
 	}
