@@ -188,6 +188,53 @@ func unknownRoute(code, msg string) bool {
 	return code == "" || code == httpplatform.CodeNotFound && strings.HasPrefix(msg, "no such route")
 }
 
+// routeUnknown is the error of an admin request refused by the daemon, or by each cluster member
+// that answered, as a route it does not have (unknownRoute): likely an agentgate older than the
+// command. Nothing was changed, so throughMember asks the next member (one already upgraded, in
+// a rolling upgrade, takes the request), and ends with this error, naming every member that
+// refused so, only when no member took the request. silent says why of the members that did not
+// answer.
+type routeUnknown struct {
+	noun, what string // "member" or "daemon"; the request ("reset")
+	at         []routeRefusal
+	silent     []string
+}
+
+// routeRefusal is the answer of the process at addr that did not know the route.
+type routeRefusal struct{ addr, answered string }
+
+func (e *routeUnknown) Error() string {
+	var b strings.Builder
+	if len(e.at) == 1 {
+		fmt.Fprintf(&b, "the %s at %s does not know the %s route (it answered %s): it is likely an agentgate older than this command; upgrade it",
+			e.noun, e.at[0].addr, e.what, e.at[0].answered)
+	} else {
+		fmt.Fprintf(&b, "the %ss at ", e.noun)
+		for i, r := range e.at {
+			switch {
+			case i == len(e.at)-1:
+				b.WriteString(" and ")
+			case i > 0:
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s (it answered %s)", r.addr, r.answered)
+		}
+		fmt.Fprintf(&b, " do not know the %s route: they are likely agentgates older than this command; upgrade them", e.what)
+	}
+	b.WriteString(", then run the command again (nothing was changed")
+	if len(e.silent) > 0 {
+		fmt.Fprintf(&b, "; no other %s took the request: %s", e.noun, strings.Join(e.silent, "; "))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// isRouteUnknown reports whether err is, or wraps, a routeUnknown.
+func isRouteUnknown(err error) bool {
+	_, ok := errors.AsType[*routeUnknown](err)
+	return ok
+}
+
 // daemonNoun names the process an admin command asks in its messages: "member" in cluster mode,
 // where each member registers its address in the store and any of them is asked, else "daemon".
 func daemonNoun(cfg *config.Config) string {
@@ -212,8 +259,9 @@ type daemonAnswer struct {
 // which run it is, without the token (daemonRun). It returns the answers its caller reads (a
 // 2xx, 404 or 409); any other is an error, what naming the request in it ("reset"). The error
 // wraps errNoAnswer when nothing took the request at addr, is a notTheDaemon when the process
-// there is not run run, and wraps errAnswerLost when the daemon took the request but its answer
-// did not come back (it may have acted on it).
+// there is not run run, is a routeUnknown when the daemon does not know the route (it changed
+// nothing), and wraps errAnswerLost when the daemon took the request but its answer did not
+// come back (it may have acted on it).
 func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what string) (*daemonAnswer, error) {
 	if err := daemonRun(ctx, addr, run); err != nil {
 		return nil, err
@@ -301,8 +349,7 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 		if a.msg == "" {
 			answered = resp.Status + " with no body"
 		}
-		return nil, fmt.Errorf("the %s at %s does not know the %s route (it answered %s): it is likely an agentgate older than this command; "+
-			"upgrade it, then run the command again (nothing was changed)", noun, addr, what, answered)
+		return nil, &routeUnknown{noun: noun, what: what, at: []routeRefusal{{addr, answered}}}
 	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusConflict:
 		return a, nil
 	case resp.StatusCode == http.StatusUnauthorized && cfg.HTTP.TokenEnv == "":
@@ -354,8 +401,8 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 	done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
 		info, err := daemonReset(ctx, cfg, addr, run, key)
 		switch {
-		case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping):
-			return err // the next member is asked (a stopping one changed nothing)
+		case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping) || isRouteUnknown(err):
+			return err // the next member is asked (a stopping one, or one without the route, changed nothing)
 		case errors.Is(err, errAnswerLost):
 			return answerLost(key, err)
 		case errors.Is(err, errNoSession):
@@ -366,6 +413,9 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 		printReset(stdout, key, "the member at "+addr, info)
 		return nil
 	})
+	if isRouteUnknown(err) {
+		return true, fmt.Errorf("reset %s: %w", shortKey(key), err)
+	}
 	if !done && err == nil && len(silent) > 0 {
 		fmt.Fprintf(stderr, "note: no cluster member answered (%s); the reset is made in the store, and a turn a member runs for the session is not cancelled\n",
 			strings.Join(silent, "; "))
@@ -375,8 +425,12 @@ func resetThroughMember(ctx context.Context, st persistence.Store, cfg *config.C
 
 // throughMember asks the live members of cfg's cluster that the store lists, one after the
 // other, with ask, until one takes the request: ask's error is a member's answer unless it
-// wraps errNoAnswer or is a notTheDaemon (then the next is asked). done is false when none took
-// it (or none is live); silent says why of each member that did not.
+// wraps errNoAnswer or errStopping, or is a notTheDaemon or a routeUnknown (then the next is
+// asked). done is false when none took it (or none is live); silent says why of each member
+// that did not. When none took it and some did not know the route (members older than the
+// command, during a rolling upgrade), err is a routeUnknown that names them all, with silent in
+// it: an upgraded member would have taken the request. Before, the first such member ended the
+// command, though the next might have taken it.
 func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config, ask func(addr, run string) error) (done bool, silent []string, err error) {
 	ml, ok := st.(memberLister)
 	if !ok {
@@ -387,6 +441,7 @@ func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config
 		return false, nil, err
 	}
 	here, _ := os.Hostname()
+	var unknown *routeUnknown // the members that did not know the route
 	for _, m := range members {
 		addr := m.HTTP
 		// A loopback address (a cluster on one host registers it) names the process of the
@@ -400,11 +455,22 @@ func throughMember(ctx context.Context, st persistence.Store, cfg *config.Config
 			}
 		}
 		err := ask(addr, run)
+		if ru, ok := errors.AsType[*routeUnknown](err); ok {
+			if unknown == nil {
+				unknown = &routeUnknown{noun: ru.noun, what: ru.what}
+			}
+			unknown.at = append(unknown.at, ru.at...)
+			continue
+		}
 		if errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping) {
 			silent = append(silent, err.Error())
 			continue
 		}
 		return true, silent, err
+	}
+	if unknown != nil {
+		unknown.silent = silent
+		return false, silent, unknown
 	}
 	return false, silent, nil
 }

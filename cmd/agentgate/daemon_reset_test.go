@@ -701,6 +701,213 @@ func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
 	})
 }
 
+// clusterOfMembers opens a new PostgreSQL database, points the command at it in cluster mode,
+// and returns a register that registers the servers given as live members of this host, the
+// first asked first (the member renewed last is asked first), each leaving at the end of the
+// test that registered it.
+func clusterOfMembers(t *testing.T) (register func(t *testing.T, servers ...*httptest.Server)) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
+	t.Setenv("AGENTGATE_STORE_DSN", dsn)
+	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
+	here, _ := os.Hostname() // the members run on this host
+	return func(t *testing.T, servers ...*httptest.Server) {
+		t.Helper()
+		for i := len(servers) - 1; i >= 0; i-- {
+			m := postgres.Member{ID: t.Name() + "/" + strconv.Itoa(i), Host: "127.0.0.1", Port: 6340 + i,
+				Node: here + "/" + testRun, HTTP: servers[i].Listener.Addr().String()}
+			if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Leave(ctx, "agentgate", m.ID) })
+		}
+	}
+}
+
+// olderMember stands in for a member older than the command (one still running during a
+// rolling upgrade): it answers the admin routes with h, a 404 of a route it does not have, and
+// counts the requests.
+func olderMember(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	return daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		h(w, r)
+	}), &n
+}
+
+// noSuchRoute is agentgate's own answer to a route it does not have.
+func noSuchRoute(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	w.Write([]byte(`{"error":{"code":"not_found","message":"no such route"}}`))
+}
+
+// upgradedMember stands in for a member that knows the admin routes: it resets the session
+// (200) and queues a requeued message (202), and counts the requests.
+func upgradedMember(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	return daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/requeue") {
+			w.WriteHeader(http.StatusAccepted)
+			fmt.Fprintf(w, `{"message_id":"m1","session_key":%q,"session_id":"sa2","disposition":"queued","queue_depth":1}`, keyA)
+			return
+		}
+		fmt.Fprintf(w, `{"session_key":%q,"session_id":"new","prev_session_id":"sa2"}`, keyA)
+	}), &n
+}
+
+// TestResetAndRequeueThroughAMemberPastOneWithoutTheRoute: in cluster mode, a member that
+// answers that it does not know the route (agentgate's 404 "no such route", or net/http's
+// plain 404: a member older than the command, during a rolling upgrade) changed nothing, and
+// the next member is asked: one already upgraded takes the request, and the command reports
+// it as any reset or requeue through a member. Before, the first member's refusal ended the
+// command with "it is likely an agentgate older than this command; upgrade it".
+func TestResetAndRequeueThroughAMemberPastOneWithoutTheRoute(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	register := clusterOfMembers(t)
+	for name, h := range map[string]http.HandlerFunc{"no such route": noSuchRoute, "net/http's 404": http.NotFound} {
+		t.Run(name, func(t *testing.T) {
+			older, refused := olderMember(t, h)
+			upgraded, took := upgradedMember(t)
+			register(t, older, upgraded)
+			addr := upgraded.Listener.Addr().String()
+			out, errOut, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+			if want := "ended session sa2 of " + keyA + " (reset_command) through the member at " + addr + "; session new follows it\n"; err != nil || out != want || errOut != "" {
+				t.Errorf("reset = %q, %v (stderr %q); want %q and nothing on stderr", out, err, errOut, want)
+			}
+			out, errOut, err = runSessions(t, "requeue", "--data-dir", t.TempDir(), keyA, "m1")
+			if want := "requeued message m1 of " + keyA + " through the member at " + addr + ": queued (1 waiting), in session sa2; it runs as its sender's message\n"; err != nil || out != want || errOut != "" {
+				t.Errorf("requeue = %q, %v (stderr %q); want %q and nothing on stderr", out, err, errOut, want)
+			}
+			out, errOut, err = runSessions(t, "requeue", "--json", "--data-dir", t.TempDir(), keyA, "m1")
+			want := fmt.Sprintf("{\n  \"session_key\": %q,\n  \"message_id\": \"m1\",\n  \"session_id\": \"sa2\",\n  \"disposition\": \"queued\",\n"+
+				"  \"queue_depth\": 1,\n  \"address\": %q,\n  \"member\": true\n}\n", keyA, addr)
+			if err != nil || out != want {
+				t.Errorf("requeue --json = %q, %v (stderr %q); want %q", out, err, errOut, want)
+			}
+			// The older member was asked first each time: its refusal was passed over.
+			if n, m := refused.Load(), took.Load(); n != 3 || m != 3 {
+				t.Errorf("the older member was asked %d times, the upgraded one %d; want 3 and 3", n, m)
+			}
+		})
+	}
+}
+
+// TestResetAndRequeueThroughMembersThatAllLackTheRoute: when every member that answers does not
+// know the route (and the others do not answer), the command ends as before, with what to do,
+// now naming each member that refused so, and why the others did not take the request; nothing
+// is reset in the store. Before, it named only the first member asked.
+func TestResetAndRequeueThroughMembersThatAllLackTheRoute(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	register := clusterOfMembers(t)
+	t.Run("two older members", func(t *testing.T) {
+		first, asked1 := olderMember(t, noSuchRoute)
+		second, asked2 := olderMember(t, http.NotFound)
+		register(t, first, second)
+		a1, a2 := first.Listener.Addr().String(), second.Listener.Addr().String()
+		say := func(route string) string {
+			return "the members at " + a1 + " (it answered 404 Not Found: no such route) and " + a2 + " (it answered 404 Not Found: 404 page not found) " +
+				"do not know the " + route + " route: they are likely agentgates older than this command; upgrade them, then run the command again (nothing was changed)"
+		}
+		out, _, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+		if want := "reset " + keyA + ": " + say("reset"); err == nil || err.Error() != want || out != "" {
+			t.Errorf("reset: %v (stdout %q), want %q and nothing on stdout", err, out, want)
+		}
+		for _, args := range [][]string{{"requeue", keyA, "m1"}, {"requeue", "--json", keyA, "m1"}} {
+			out, _, err := runSessions(t, append(args, "--data-dir", t.TempDir())...)
+			if want := "requeue m1 of " + keyA + ": " + say("requeue"); err == nil || err.Error() != want || out != "" {
+				t.Errorf("sessions %q: %v (stdout %q), want %q and nothing on stdout", args, err, out, want)
+			}
+		}
+		if n, m := asked1.Load(), asked2.Load(); n != 3 || m != 3 {
+			t.Errorf("the members were asked %d and %d times, want 3 each", n, m)
+		}
+	})
+	t.Run("one older, one silent", func(t *testing.T) {
+		older, _ := olderMember(t, noSuchRoute)
+		silent := daemonServer(t, testRun, http.NotFound)
+		register(t, silent, older)
+		silent.Close() // it does not answer: no connection is made
+		a1, a2 := silent.Listener.Addr().String(), older.Listener.Addr().String()
+		out, errOut, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+		wantStart := "reset " + keyA + ": the member at " + a2 + " does not know the reset route (it answered 404 Not Found: no such route): " +
+			"it is likely an agentgate older than this command; upgrade it, then run the command again (nothing was changed; no other member took the request: no answer at " + a1 + " ("
+		if err == nil || !strings.HasPrefix(err.Error(), wantStart) || !strings.HasSuffix(err.Error(), "))") || out != "" || errOut != "" {
+			t.Errorf("reset: %v (stdout %q, stderr %q), want an error that begins %q, and nothing else printed (no reset in the store)", err, out, errOut, wantStart)
+		}
+		_, _, err = runSessions(t, "requeue", "--data-dir", t.TempDir(), keyA, "m1")
+		wantStart = "requeue m1 of " + keyA + ": the member at " + a2 + " does not know the requeue route (it answered 404 Not Found: no such route): " +
+			"it is likely an agentgate older than this command; upgrade it, then run the command again (nothing was changed; no other member took the request: no answer at " + a1 + " ("
+		if err == nil || !strings.HasPrefix(err.Error(), wantStart) {
+			t.Errorf("requeue: %v, want an error that begins %q", err, wantStart)
+		}
+	})
+}
+
+// TestResetAndRequeueThroughAMemberThatRefuses: a member that knows the route but refuses the
+// request (a key no session has, a message that is not quarantined) answered for the cluster:
+// the command ends with its refusal and asks no other member, as before; only a route it does
+// not know sends the command on.
+func TestResetAndRequeueThroughAMemberThatRefuses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	register := clusterOfMembers(t)
+	for _, tc := range []struct {
+		name, args string
+		status     int
+		code, msg  string
+		want       string
+	}{
+		{"reset no_session", "reset", 404, "no_session", "no such session",
+			"sessions reset: the key " + keyA + " has no session, so nothing was reset; agentgate sessions list prints the keys that have one"},
+		{"requeue no_session", "requeue", 404, "no_session", "no such session",
+			"sessions requeue: the key " + keyA + " has no session, so nothing was requeued; agentgate sessions list prints the keys that have one"},
+		{"requeue not_found", "requeue", 404, "not_found", "key " + keyA + " has no message m1",
+			"sessions requeue: key " + keyA + " has no message m1, so nothing was requeued; agentgate sessions show " + keyA +
+				" lists the key's last messages with their ids, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+		{"requeue not_quarantined", "requeue", 409, "not_quarantined", "message m1 is not quarantined",
+			"sessions requeue: message m1 is not quarantined, so nothing was requeued; agentgate sessions show " + keyA +
+				" lists the key's last messages with their status, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refusing := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				fmt.Fprintf(w, `{"error":{"code":%q,"message":%q}}`, tc.code, tc.msg)
+			})
+			other, asked := upgradedMember(t)
+			register(t, refusing, other)
+			args := []string{tc.args, "--data-dir", t.TempDir(), keyA}
+			if tc.args == "requeue" {
+				args = append(args, "m1")
+			}
+			out, _, err := runSessions(t, args...)
+			if err == nil || err.Error() != tc.want || out != "" {
+				t.Errorf("sessions %s: %v (stdout %q), want %q", tc.args, err, out, tc.want)
+			}
+			if n := asked.Load(); n != 0 {
+				t.Errorf("the other member was asked too (%d requests)", n)
+			}
+		})
+	}
+}
+
 // TestResetAndRequeueRefusedWithTheirAnswerCut: a 4xx is a refusal that changed nothing, also
 // when its body is cut short: the daemon's server answers a request line over its 64 KiB of
 // headers (a KEY pasted with a whole log line) 431 and closes the connection, which can reset

@@ -75,8 +75,8 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 		done, silent, err := throughMember(ctx, st, cfg, func(addr, run string) error {
 			res, err := daemonRequeue(ctx, cfg, addr, run, key, id)
 			switch {
-			case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping):
-				return err // the next member is asked (a stopping one changed nothing)
+			case errors.Is(err, errNoAnswer) || isNotTheDaemon(err) || errors.Is(err, errStopping) || isRouteUnknown(err):
+				return err // the next member is asked (a stopping one, or one without the route, changed nothing)
 			case errors.Is(err, errAnswerLost):
 				return requeueAnswerLost(key, id, err)
 			case err != nil:
@@ -84,6 +84,9 @@ func sessionsRequeue(ctx context.Context, args []string, stdout, stderr io.Write
 			}
 			return printRequeue(stdout, daemonNoun(cfg), addr, res, *asJSON)
 		})
+		if isRouteUnknown(err) {
+			return requeueRefused(key, id, err) // (every member that answered is older than the command)
+		}
 		if done || err != nil {
 			return err
 		}
