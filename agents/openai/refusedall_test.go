@@ -335,10 +335,20 @@ func TestRequestWithoutTheRidersCountsItsRetriesOn(t *testing.T) {
 // refusal another one: the turn was told to send /new, as if its conversation were at fault,
 // and the operator was never told.
 func TestRefusalsWithPerRequestIDsAreTheSame(t *testing.T) {
-	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		page := fmt.Sprintf("<html><body><h1>400 Bad Request</h1><p>Cloudflare Ray ID: %016x-FRA</p><p>request %08x-1c2d-4e5f-8a9b-%012x</p></body></html>",
+	assertRefusesEvery(t, func(n int) string {
+		return fmt.Sprintf("<html><body><h1>400 Bad Request</h1><p>Cloudflare Ray ID: %016x-FRA</p><p>request %08x-1c2d-4e5f-8a9b-%012x</p></body></html>",
 			uint64(0x8a1b2c3d4e5f0000)+uint64(n), 0x1a2b0000+n, 0xc0ffee000000+n)
-		openaitest.Status(http.StatusBadRequest, page)(w, r)
+	})
+}
+
+// assertRefusesEvery checks that an endpoint refusing request n with a 400 whose body is
+// body(n) is told as one that refuses every request: a turn with a rider, whose request is sent
+// again without it, then another session's turn, each fail with a Refusal that says so without
+// naming /new and leave no rider out; the model gets 3 requests, and the logs hold one ERR line.
+func assertRefusesEvery(t *testing.T, body func(n int) string) {
+	t.Helper()
+	m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		openaitest.Status(http.StatusBadRequest, body(n))(w, r)
 	})
 	var logs bytes.Buffer
 	a := MustAgent(t, m, &logs, nil, nil)
@@ -396,32 +406,7 @@ func TestRefusalsWithOtherPerRequestIDsAreTheSame(t *testing.T) {
 			return `{"error":{"message":"litellm.BadRequestError: AnthropicException - {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"Error\"},\"request_id\":\"` + id + `\"}","type":null,"param":null,"code":"400"}}`
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := openaitest.New(t, func(n int, w http.ResponseWriter, r *http.Request) {
-				openaitest.Status(http.StatusBadRequest, tc.body(n))(w, r)
-			})
-			var logs bytes.Buffer
-			a := MustAgent(t, m, &logs, nil, nil)
-			for i, req := range []*agents.Request{
-				ridersRequest("s1", "what is the time?", "and the date?"),
-				{Identity: identity.Turn{SessionKey: "s2", TurnID: "t_1"}, Messages: []agents.Message{msg("user", "hi")}},
-			} {
-				resp, err := a.Run(t.Context(), req)
-				ref, ok := errors.AsType[*agents.Refusal](err)
-				if !ok || !strings.Contains(ref.Notice, "refuses every request") || strings.Contains(ref.Notice, "/new") {
-					t.Fatalf("Run %d error = %v, want a Refusal saying the endpoint refuses every request, without /new", i+1, err)
-				}
-				if resp != nil && resp.RidersLeftOut {
-					t.Errorf("Run %d left the riders out", i+1)
-				}
-			}
-			if got := m.Count(); got != 3 {
-				t.Errorf("the model got %d requests, want 3", got)
-			}
-			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
-				t.Errorf("logs hold %d ERR lines, want 1:\n%s", n, logs.String())
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { assertRefusesEvery(t, tc.body) })
 	}
 }
 
