@@ -779,18 +779,22 @@ func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result
 // ends with "data: [DONE]" (or, on some servers, at a clean end of the body after a chunk with
 // a finish reason). h bounds what it holds: the data of one event, and the line being read; a
 // large answer it takes is given back once the event is decoded, and a later large event takes
-// one again.
+// one again. An event that is an error, whose data need not be JSON (streamError), fails the
+// read with it.
 func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*result, error) {
 	res := &result{}
 	var b strings.Builder
 	var data []string
-	size := 0 // of data
+	size := 0       // of data
+	eventType := "" // the event's "event:" field, which a stream need not send
 	lines := lineReader{r: bufio.NewReaderSize(body, streamBuffer), need: func(n int) error { return h.need(size + n) }}
 	dispatch := func() (bool, error) {
 		// Once an event is decoded, nothing of it is held but the reply (at most MaxReply): a
 		// long stream that once had a large event would otherwise keep one of the large
 		// answers to its end, and two such streams every other large answer waiting.
 		defer h.release()
+		typ := eventType
+		eventType = ""
 		if len(data) == 0 {
 			return false, nil
 		}
@@ -799,6 +803,9 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 		data, size = data[:0], 0
 		if strings.TrimSpace(payload) == "[DONE]" {
 			return true, nil
+		}
+		if value, ok := streamError(typ, payload); ok {
+			return false, a.errorField(value, partial != nil && b.Len() > 0)
 		}
 		var c completion
 		if err := json.Unmarshal([]byte(payload), &c); err != nil {
@@ -857,6 +864,9 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 				// an empty reply (errorField).
 				return nil, a.errorField(strings.TrimPrefix(value, " "), partial != nil && b.Len() > 0)
 			}
+			if field == "event" {
+				eventType = strings.TrimPrefix(value, " ")
+			}
 			if field == "data" {
 				value = strings.TrimPrefix(value, " ")
 				// Lines are bounded one by one; an event that never ends (no blank line)
@@ -872,20 +882,41 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 	return res, nil
 }
 
+// streamError reports whether an event of type typ (its "event:" field, "" without one) whose
+// data is payload is an error that is no chat completion chunk, and returns the error's value
+// for errorField: the data of an "error" event (Anthropic's and some gateways' "event: error",
+// its data JSON or plain text), or the text after "error:" of data that starts so, which is no
+// JSON (crane-serve's "data: error: <message>", lucasjinreal/Crane#121). Any other data is read
+// as a chunk, an error object in it as apply reads one. Before, such data failed the read as a
+// chunk that is no chat completion (a bad reply), the server's message unsaid, and an "error"
+// event's JSON without an "error" member was read as a chunk without text.
+func streamError(typ, payload string) (string, bool) {
+	if typ == "error" {
+		return payload, true
+	}
+	p := strings.TrimSpace(payload)
+	if len(p) >= len("error:") && strings.EqualFold(p[:len("error:")], "error:") {
+		return strings.TrimSpace(p[len("error:"):]), true
+	}
+	return "", false
+}
+
 // errorField is the error of a stream's "error:" line, value, which llama.cpp's server sent
 // until its late-2025 rework (server_sent_event(sink, "error", error_data), then "data:
 // [DONE]"): its error object, as a 200's body would hold it under "error" ({"code":400,
 // "message":"the request exceeds the available context size…","type":"…"}, with n_prompt_tokens
 // and n_ctx for exceed_context_size_error), read as apply reads one (its code is its status);
 // an object that holds "error" is read for that, and a value that is no JSON object is the
-// message of an error that names no status. shown is set when text was streamed to the user
-// before it. Before, the line was skipped, and the turn ended as a reply without text (or a
-// stream that broke off), the server's reason unsaid.
+// message of an error that names no status, as an error object that names none is (sanitize
+// bounds it and takes out its control characters). It is also the error of an event that is
+// one (streamError). shown is set when text was streamed to the user before it. Before, the
+// line was skipped, and the turn ended as a reply without text (or a stream that broke off),
+// the server's reason unsaid.
 func (a *Agent) errorField(value string, shown bool) error {
 	raw := json.RawMessage(strings.TrimSpace(value))
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(raw, &obj) != nil {
-		msg := value
+		msg := string(raw)
 		if msg == "" {
 			msg = "an error without a message"
 		}

@@ -1,0 +1,99 @@
+package openai_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
+)
+
+// streamErrorRun is what a turn whose model streamed body ended with: its error, the results
+// the agent counted for its requests, how many requests the model got, and how often the user
+// was shown text.
+type streamErrorRun struct {
+	err      error
+	results  []string
+	requests int
+	partials int
+}
+
+// runStream runs a turn against a model that streams body to every request.
+func runStream(t *testing.T, body string) streamErrorRun {
+	t.Helper()
+	m := newFakeModel(t, openaitest.Raw("text/event-stream", body))
+	var got streamErrorRun
+	a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.Requests = func(r string) { got.results = append(got.results, r) } })
+	resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) { got.partials++ }})
+	if err == nil {
+		t.Fatalf("Run = %+v, want an error", resp)
+	}
+	got.err, got.requests = err, m.Count()
+	return got
+}
+
+// TestStreamErrorThatIsNoJSON: an event of a stream that is an error whose text is no JSON,
+// crane-serve's "data: error: <message>" (lucasjinreal/Crane#121) or an "event: error" whose
+// data is plain text, is the server's error: its text is the StatusError's message, which the
+// turn's error (the line the operator reads) holds, and it counts, is retried and is told the
+// user as an error object in a "data:" event that names no code or type is (an error that
+// names no status). Its text is cut to the message's bound, without control characters or the
+// key. Before, it failed the turn as a chunk that is no chat completion: a bad reply, the
+// server's message unsaid.
+func TestStreamErrorThatIsNoJSON(t *testing.T) {
+	const text = `data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n"
+	for _, tc := range []struct {
+		name, body string
+		asJSON     string // the same error as an error object in a "data:" event
+		want       string // the StatusError's message
+	}{
+		{"crane-serve's error data",
+			"data: error: engine failed: CUDA out of memory\n\n",
+			`data: {"error":{"message":"engine failed: CUDA out of memory"}}` + "\n\n",
+			"engine failed: CUDA out of memory"},
+		{"an error event of plain text",
+			"event: error\ndata: upstream timed out\n\ndata: [DONE]\n\n",
+			`data: {"error":{"message":"upstream timed out"}}` + "\n\ndata: [DONE]\n\n",
+			"upstream timed out"},
+		{"an error event of JSON without an error member",
+			"event: error\ndata: {\"message\":\"Compute error.\"}\n\ndata: [DONE]\n\n",
+			`data: {"error":{"message":"Compute error."}}` + "\n\ndata: [DONE]\n\n",
+			"Compute error."},
+		{"after text",
+			text + "event: error\r\ndata: Error: the model stopped\r\n\r\n",
+			text + `data: {"error":{"message":"Error: the model stopped"}}` + "\n\n",
+			"Error: the model stopped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, want := runStream(t, tc.body), runStream(t, tc.asJSON)
+			se, ok := errors.AsType[*openai.StatusError](got.err)
+			if !ok || se.Message != tc.want || !strings.Contains(got.err.Error(), tc.want) {
+				t.Fatalf("Run error = %v (%T), want a StatusError with the server's message %q", got.err, got.err, tc.want)
+			}
+			wantSE, _ := errors.AsType[*openai.StatusError](want.err)
+			_, isRef := errors.AsType[*agents.Refusal](got.err)
+			_, wantRef := errors.AsType[*agents.Refusal](want.err)
+			if se.Code != wantSE.Code || isRef != wantRef || got.requests != want.requests || got.partials != want.partials || !slices.Equal(got.results, want.results) {
+				t.Errorf("Run: status %d, Refusal %v, %d requests, %d partials, results %q; want as the JSON error: status %d, Refusal %v, %d requests, %d partials, results %q",
+					se.Code, isRef, got.requests, got.partials, got.results, wantSE.Code, wantRef, want.requests, want.partials, want.results)
+			}
+		})
+	}
+	t.Run("bad text", func(t *testing.T) {
+		long := "\x1b[31mkey " + testKey + "\x00\x07 " + strings.Repeat("é", 5000)
+		for _, body := range []string{"data: error: " + long + "\n\n", "event: error\ndata: " + long + "\n\n"} {
+			got := runStream(t, body)
+			se, ok := errors.AsType[*openai.StatusError](got.err)
+			if !ok || !strings.Contains(se.Message, "key ") || !strings.HasSuffix(se.Message, "é…") || utf8.RuneCountInString(se.Message) > 201 {
+				t.Fatalf("Run error = %v, want a StatusError whose message is the text cut to 200 characters", got.err)
+			}
+			if strings.ContainsAny(se.Message, "\x1b\x00\x07") || strings.Contains(got.err.Error(), testKey) {
+				t.Errorf("Run error = %q, want it without control characters or the key", got.err)
+			}
+		}
+	})
+}
