@@ -257,7 +257,11 @@ const maxContextScan = maxErrorBody
 // prompt alone (a reply is cut at the context's end, never refused), so a prompt as long as the
 // context or longer is the conversation's, whatever the request's max_tokens; one shorter than
 // the context (a server that counts max_tokens in, or a proxy's) can be refused only for the
-// request's max_tokens (maxTokens, zero for none), which it counts as overflow's output.
+// request's max_tokens (maxTokens, zero for none), which it counts as overflow's output. A
+// prompt whose size is not known (n_prompt_tokens missing, or no count: tokenCount) is read as
+// what the error's name says, a context exceeded, as a prompt too long is. Before, it read as
+// 0 tokens, a prompt that fits: the max_tokens setting was blamed, with an ERR, and the
+// conversation that had outgrown the context was never said to be too long.
 //
 // A refusal may echo the request it refused (vLLM's validation error holds it whole as its
 // input, a proxy's message may): the chat's words, which may speak of the model's context or
@@ -287,26 +291,41 @@ func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRe
 		return c
 	}
 	c.tooLong = true
-	if maxTokens > 0 && prompt >= 0 && prompt < ctx {
+	if maxTokens > 0 && prompt > 0 && prompt < ctx {
 		c.counted, c.overflow = true, contextOverflow{context: ctx, input: prompt, output: maxTokens}
 	}
 	return c
 }
 
 // exceedOf reads an error body, raw, for llama.cpp's exceed_context_size_error: its
-// n_prompt_tokens and n_ctx (0 for one it lacks), and whether it is one.
+// n_prompt_tokens and n_ctx (0 for one it lacks or that is no count: tokenCount), and whether
+// it is one. Before, a count that was no int (a fraction, or past an int) made the body no
+// such error.
 func exceedOf(raw []byte) (prompt, ctx int, ok bool) {
 	var doc struct {
 		Error struct {
-			Type   string `json:"type"`
-			Prompt int    `json:"n_prompt_tokens"`
-			Ctx    int    `json:"n_ctx"`
+			Type   string          `json:"type"`
+			Prompt json.RawMessage `json:"n_prompt_tokens"`
+			Ctx    json.RawMessage `json:"n_ctx"`
 		} `json:"error"`
 	}
 	if len(raw) == 0 || json.Unmarshal(raw, &doc) != nil || doc.Error.Type != "exceed_context_size_error" {
 		return 0, 0, false
 	}
-	return doc.Error.Prompt, doc.Error.Ctx, true
+	return tokenCount(string(doc.Error.Prompt)), tokenCount(string(doc.Error.Ctx)), true
+}
+
+// tokenCount reads a count of tokens of llama.cpp's exceed_context_size_error, the text of a
+// JSON number (or of Python's repr of one, behind LiteLLM): a whole number of 1 to 9 digits,
+// past any model's context (llama.cpp's n_ctx is an int32 of its own). It returns 0 for
+// anything else, a count not known: none, zero, a negative number, a fraction, one of 10
+// digits or more (which may overflow an int), a string.
+func tokenCount(s string) int {
+	if len(s) == 0 || len(s) > 9 || strings.Trim(s, "0123456789") != "" {
+		return 0
+	}
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 // The fields of llama.cpp's exceed_context_size_error in a message that holds the error, as a
@@ -316,13 +335,13 @@ func exceedOf(raw []byte) (prompt, ctx int, ok bool) {
 // Python's repr), or its JSON in another proxy's message.
 var (
 	wrappedExceedType   = regexp.MustCompile(`['"]type['"]\s*:\s*['"]exceed_context_size_error['"]`)
-	wrappedExceedPrompt = regexp.MustCompile(`['"]n_prompt_tokens['"]\s*:\s*(\d{1,9})\b`)
-	wrappedExceedCtx    = regexp.MustCompile(`['"]n_ctx['"]\s*:\s*(\d{1,9})\b`)
+	wrappedExceedPrompt = regexp.MustCompile(`['"]n_prompt_tokens['"]\s*:\s*([^,}\s]*)`)
+	wrappedExceedCtx    = regexp.MustCompile(`['"]n_ctx['"]\s*:\s*([^,}\s]*)`)
 )
 
 // wrappedExceedOf reads a refusal's message for llama.cpp's exceed_context_size_error passed on
-// by a proxy (wrappedExceedType): its n_prompt_tokens and n_ctx (0 for one it lacks), and
-// whether it holds one. A message of the chat the request sent that names the type too may be
+// by a proxy (wrappedExceedType): its n_prompt_tokens and n_ctx (0 for one it lacks or that is
+// no count, as exceedOf reads them: tokenCount), and whether it holds one. A message of the chat the request sent that names the type too may be
 // echoed in it: then it is not read. Before, behind LiteLLM, a prompt shorter than n_ctx (the
 // max_tokens setting at fault) read as a conversation too long, by its words alone.
 func wrappedExceedOf(message string, sent []byte) (prompt, ctx int, ok bool) {
@@ -332,8 +351,7 @@ func wrappedExceedOf(message string, sent []byte) (prompt, ctx int, ok bool) {
 	}
 	n := func(re *regexp.Regexp) int {
 		if m := re.FindStringSubmatch(message); m != nil {
-			v, _ := strconv.Atoi(m[1])
-			return v
+			return tokenCount(m[1])
 		}
 		return 0
 	}

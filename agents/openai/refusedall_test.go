@@ -200,19 +200,56 @@ func TestMaxTokensLargerThanTheContext(t *testing.T) {
 		{"llama.cpp's JSON in a proxy's message, the prompt fits", `{"error":{"message":"upstream answered 400: {\"error\":{\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":7000,\"n_ctx\":8192}}","type":"upstream_error"}}`,
 			"max_tokens setting", true, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, tc.body))
-			var logs bytes.Buffer
-			a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxTokens = 2000 })
-			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
-			ref, ok := errors.AsType[*agents.Refusal](err)
-			if !ok || !strings.Contains(ref.Notice, tc.want) || strings.Contains(ref.Notice, "/new") != tc.newHelps {
-				t.Fatalf("Run error = %v (refusal %v), want a Refusal saying %q, /new named: %v", err, ok, tc.want, tc.newHelps)
-			}
-			if got := strings.Contains(logs.String(), "level=ERROR"); got != tc.operator {
-				t.Errorf("an ERR logged: %v, want %v:\n%s", got, tc.operator, logs.String())
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { assertContextRefusal(t, tc.body, tc.want, tc.newHelps, tc.operator) })
+	}
+}
+
+// assertContextRefusal checks that a turn of an agent whose max_tokens is 2000, refused with a
+// 400 whose body is body, fails with a Refusal whose notice says want and names /new when
+// newHelps, and that the operator gets an ERR when operator.
+func assertContextRefusal(t *testing.T, body, want string, newHelps, operator bool) {
+	t.Helper()
+	m := newFakeModel(t, openaitest.Status(http.StatusBadRequest, body))
+	var logs bytes.Buffer
+	a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxTokens = 2000 })
+	_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+	ref, ok := errors.AsType[*agents.Refusal](err)
+	if !ok || !strings.Contains(ref.Notice, want) || strings.Contains(ref.Notice, "/new") != newHelps {
+		t.Fatalf("Run error = %v (refusal %v), want a Refusal saying %q, /new named: %v", err, ok, want, newHelps)
+	}
+	if got := strings.Contains(logs.String(), "level=ERROR"); got != operator {
+		t.Errorf("an ERR logged: %v, want %v:\n%s", got, operator, logs.String())
+	}
+}
+
+// TestExceedContextOfAPromptOfUnknownSizeIsTooLong: llama.cpp's exceed_context_size_error
+// whose n_prompt_tokens is missing or no count (negative, a fraction, past an int, as a proxy
+// may mangle it), bare or behind LiteLLM, is what its name says: a context exceeded, a
+// conversation too long (/new), with no ERR, as a prompt longer than n_ctx is. Before, behind
+// LiteLLM any such count, and in the bare error a missing one, read as a prompt of 0 tokens,
+// one that fits: the notice blamed the max_tokens setting and the operator got an ERR; and a
+// count past an int or a fraction made the bare error none, a refusal of what the request
+// holds in a wording not known.
+func TestExceedContextOfAPromptOfUnknownSizeIsTooLong(t *testing.T) {
+	const known = "the request exceeds the available context size. try increasing the context size or enable context shift"
+	bare := func(message, prompt string) string {
+		return `{"error":{"code":400,"message":"` + message + `","type":"exceed_context_size_error"` + prompt + `,"n_ctx":8192}}`
+	}
+	litellm := func(prompt string) string {
+		return `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': '` + known + `', 'type': 'exceed_context_size_error'` + prompt + `, 'n_ctx': 8192}}\nReceived Model Group=local","type":null,"param":null,"code":"400"}}`
+	}
+	for _, tc := range []struct{ name, body string }{
+		{"bare, n_prompt_tokens missing", bare(known, "")},
+		{"bare, n_prompt_tokens negative", bare(known, `,"n_prompt_tokens":-5`)},
+		{"bare, n_prompt_tokens past an int", bare("input is larger than what this slot holds", `,"n_prompt_tokens":99999999999999999999`)},
+		{"bare, n_prompt_tokens a fraction", bare("input is larger than what this slot holds", `,"n_prompt_tokens":7000.5`)},
+		{"bare, n_prompt_tokens null", bare(known, `,"n_prompt_tokens":null`)},
+		{"behind LiteLLM, n_prompt_tokens missing", litellm("")},
+		{"behind LiteLLM, n_prompt_tokens negative", litellm(", 'n_prompt_tokens': -5")},
+		{"behind LiteLLM, n_prompt_tokens past an int", litellm(", 'n_prompt_tokens': 99999999999999999999")},
+		{"behind LiteLLM, n_prompt_tokens None", litellm(", 'n_prompt_tokens': None")},
+	} {
+		t.Run(tc.name, func(t *testing.T) { assertContextRefusal(t, tc.body, "conversation is too long", true, false) })
 	}
 }
 
