@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
@@ -156,45 +157,102 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // whose connection was dead before its COMMIT was sent (the server ended the session while the
 // connection was idle in the pool, or it broke) committed nothing, and runs once more, on a
 // connection the pool pings first (attempt); once per Commit. A connection that breaks once
-// COMMIT is sent leaves the transaction's fate unknown, and it is not run again here: its
-// groups fail with ErrUnavailable, and the persistence actor spools them and replays them,
-// which every op bears (each is idempotent but the counters: docs/ARCHITECTURE.md)
-// (TestLostCommitAnswerIsNotRetried).
+// COMMIT is sent leaves the transaction's fate unknown, and the server's record of it tells it
+// (xactFate, xact.go): committed, its groups succeed as if the answer had come
+// (TestLostCommitAnswerOfACommittedTransactionIsTaken); aborted, nothing was written, and it
+// runs once more as one dead before its COMMIT does, within the same once per Commit
+// (TestLostCommitAnswerOfAnAbortedTransactionRunsAgain). Otherwise (an older server, no record,
+// the server unreachable, or still running it: TestLostCommitAnswerOfATransactionInProgress) it
+// is not run again here: its groups fail with ErrUnavailable, and the persistence actor spools
+// them and replays them, which every op bears (each is idempotent but the counters:
+// docs/ARCHITECTURE.md).
 func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) {
 	savepoints, retried := false, false
 	for {
 		try := slices.Clone(errs) // a transaction run again starts from errs as they were
-		var retry, sent bool
+		var out txOutcome
 		dead, err := s.attempt(ctx, retried, func(c *pgxpool.Conn) error {
-			retry, sent = s.commitTx(ctx, c, fence, stmts, valid, try, savepoints)
+			out = s.commitTx(ctx, c, fence, stmts, valid, try, savepoints)
 			return nil
 		})
 		if err != nil { // the pool gave no connection
 			sqlstore.FillUndecided(errs, fmt.Errorf("commit: begin: %w", err))
 			return
 		}
-		if dead && !sent && !retried {
+		if dead && !out.sent && !retried {
 			retried = true
 			continue
 		}
+		if out.lost != nil && dead && out.xact.id.Valid {
+			switch s.lostCommit(ctx, out, !retried) {
+			case fateCommitted:
+				out.lost = nil
+			case fateAborted:
+				if !retried { // nothing was written: run it once more
+					retried = true
+					continue
+				}
+			}
+		}
+		if out.lost != nil {
+			sqlstore.FillUndecided(try, out.lost)
+		}
 		copy(errs, try)
-		if !retry || savepoints {
+		if !out.retry || savepoints {
 			return
 		}
 		savepoints = true
 	}
 }
 
+// lostCommit asks for the fate of the transaction of out, whose connection broke once its
+// COMMIT was sent (xactFate), logs it and returns it; again says that an aborted one runs
+// again. Committed, the groups out.lost would fail succeed; aborted and not run again, or
+// unknown, they fail with it.
+func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate {
+	f, why := s.xactFate(ctx, out.xact)
+	id := out.xact.id.String
+	switch {
+	case f == fateCommitted:
+		s.log.Info("a commit's connection was lost after its COMMIT was sent; the server committed it, so its writes are stored",
+			"xid", id, logging.Err(out.lost))
+	case f == fateAborted && again:
+		s.log.Warn("a commit's connection was lost after its COMMIT was sent; the server aborted it, so nothing was written and it runs again",
+			"xid", id, logging.Err(out.lost))
+	case f == fateAborted:
+		s.log.Warn("a commit's connection was lost after its COMMIT was sent, on its second run too; the server aborted it, "+
+			"so nothing was written, and its writes fail as unavailable (a daemon spools them)", "xid", id, logging.Err(out.lost))
+	default:
+		s.log.Warn("a commit's connection was lost after its COMMIT was sent, and whether the server committed it is not known; "+
+			"its writes fail as unavailable (a daemon spools and replays them: a crash or delivery attempt they count may count twice)",
+			"xid", id, "why", why, logging.Err(out.lost))
+	}
+	return f
+}
+
+// txOutcome is what commitTx tells of its transaction.
+type txOutcome struct {
+	retry bool  // a group failed for what it holds: run again with a savepoint per group
+	sent  bool  // COMMIT was sent
+	lost  error // COMMIT's error, which has failed no group yet (commitTxs decides)
+	xact  xact  // the transaction, as its last batch read it (its id NULL when not read)
+}
+
 // commitTx runs the valid groups in one transaction on c and fills their errs. Without
 // savepoints, a group that fails rolls the whole transaction back and commitTx asks for a retry
-// with them. A fence, when not nil, runs first: when it fails, so does every group. sent says
-// that the COMMIT was sent.
-func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (retry, sent bool) {
+// with them. A fence, when not nil, runs first: when it fails, so does every group. An error of
+// the COMMIT itself fills no errs: it is returned in lost, with the transaction's id, which the
+// batches read at their end when the server keeps transactions' fates (knowsXacts).
+func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmts [][]stmt, valid []int, errs []error, savepoints bool) (out txOutcome) {
 	// failAll fails the groups not yet decided: a group the savepoint pass refused for what it
 	// holds keeps its own error, as does one invalid on its face (sqlstore.FillUndecided).
-	failAll := func(err error) (bool, bool) {
+	failAll := func(err error) txOutcome {
 		sqlstore.FillUndecided(errs, err)
-		return false, sent
+		return out
+	}
+	var x *xact
+	if knowsXacts(c.Conn().PgConn().ParameterStatus("server_version")) {
+		x = &out.xact
 	}
 	tx, err := c.Begin(ctx)
 	if err != nil {
@@ -202,13 +260,14 @@ func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmt
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	if !savepoints {
-		failed, err := run(ctx, tx, fence, stmts, valid)
+		failed, err := run(ctx, tx, fence, stmts, valid, x)
 		switch {
 		case err == nil:
 		case failed < 0 || IsUnavailable(err) || ctx.Err() != nil:
 			return failAll(fmt.Errorf("commit: %w", err))
 		default:
-			return true, false
+			out.retry = true
+			return out
 		}
 	} else {
 		if fence != nil {
@@ -220,8 +279,15 @@ func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmt
 			if _, err := tx.Exec(ctx, `SAVEPOINT grp`); err != nil {
 				return failAll(fmt.Errorf("commit: group %d: savepoint: %w", i, err))
 			}
-			_, err := run(ctx, tx, nil, stmts, []int{i})
+			var gx *xact // the id read last is the transaction's (a group rolled back reads none)
+			if x != nil {
+				gx = &xact{}
+			}
+			_, err := run(ctx, tx, nil, stmts, []int{i}, gx)
 			if err == nil {
+				if gx != nil && gx.id.Valid {
+					*x = *gx
+				}
 				if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT grp`); err != nil {
 					return failAll(fmt.Errorf("commit: group %d: release savepoint: %w", i, err))
 				}
@@ -236,18 +302,18 @@ func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmt
 			errs[i] = fmt.Errorf("commit: group %d: %w", i, err)
 		}
 	}
-	sent = true
+	out.sent = true
 	if err := tx.Commit(ctx); err != nil {
-		return failAll(fmt.Errorf("commit: %w", err))
+		out.lost = fmt.Errorf("commit: %w", err)
 	}
-	return false, true
+	return out
 }
 
-// run sends the statements of the groups idx as one batch, after fence when it is not nil,
-// and then verifies the message INSERTs that inserted nothing. On error it returns the index
-// of the group that failed, or -1 when the error is not one group's (the batch could not be
-// sent, or the fence failed).
-func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int) (failed int, err error) {
+// run sends the statements of the groups idx as one batch, after fence when it is not nil and
+// followed by xactSQL, read into x, when x is not nil, and then verifies the message INSERTs
+// that inserted nothing. On error it returns the index of the group that failed, or -1 when
+// the error is not one group's (the batch could not be sent, or the fence failed).
+func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int, x *xact) (failed int, err error) {
 	b := &pgx.Batch{}
 	if fence != nil {
 		b.Queue(fence.sql, fence.args...)
@@ -256,6 +322,9 @@ func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int)
 		for _, st := range stmts[i] {
 			b.Queue(st.sql, st.args...)
 		}
+	}
+	if x != nil {
+		queueXact(b)
 	}
 	type check struct {
 		group int
@@ -279,6 +348,12 @@ func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int)
 			if st.msg != nil && tag.RowsAffected() == 0 {
 				checks = append(checks, check{i, st.msg})
 			}
+		}
+	}
+	if x != nil {
+		if err := readXact(br, x); err != nil {
+			_ = br.Close()
+			return -1, err
 		}
 	}
 	if err := br.Close(); err != nil {

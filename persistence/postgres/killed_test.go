@@ -169,42 +169,63 @@ func TestConnectionEndedAfterItsAcquisitionFailsNoCall(t *testing.T) {
 	}
 }
 
-// TestLostCommitAnswerIsNotRetried: a transaction whose connection dies once its COMMIT is sent
-// is not run again, since the server may have committed it (here it did not: a deferred trigger
-// ends its own session at the COMMIT, which counts each COMMIT in a sequence, outside any
-// transaction). The call fails with ErrUnavailable, which a daemon spools and replays. Run again,
-// a commit whose answer was lost after the server committed it would apply its counters twice
-// (IncrementAttempts, a delivery attempt) outside the spool's knowledge.
-func TestLostCommitAnswerIsNotRetried(t *testing.T) {
+// TestLostCommitAnswerOfAnAbortedTransactionRunsAgain: a commit whose connection dies once its
+// COMMIT is sent, and whose transaction the server aborted (a deferred trigger ends its own
+// session at the COMMIT, which counts each COMMIT in a sequence, outside any transaction), runs
+// once more, on another connection, as one whose connection died before its COMMIT does: the
+// server's record of the transaction (pg_xact_status) says nothing was written. Run again, it
+// commits, its attempt counter counted once; aborted again, it fails with ErrUnavailable (a
+// daemon spools it) and is not run a third time. Before, each failed at once with
+// ErrUnavailable: not run again, since the server may have committed it
+// (TestLostCommitAnswerOfACommittedTransactionIsTaken). A transaction of the store's own
+// (BeginRun: no batch reads its id) still fails so.
+func TestLostCommitAnswerOfAnAbortedTransactionRunsAgain(t *testing.T) {
 	s, dsn := openUnchecked(t)
 	defer s.Close()
 	c := mustConn(t, dsn)
 	ctx := context.Background()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
 	for _, q := range []string{
 		`CREATE SEQUENCE commits_ended`,
+		`CREATE SEQUENCE once_ended`,
+		// end_at_commit('always') ends every COMMIT it meets, end_at_commit('once') the first.
 		`CREATE FUNCTION end_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			PERFORM nextval('commits_ended');
-			PERFORM pg_terminate_backend(pg_backend_pid());
+			IF TG_ARGV[0] = 'always' OR nextval('once_ended') = 1 THEN
+				PERFORM nextval('commits_ended');
+				PERFORM pg_terminate_backend(pg_backend_pid());
+			END IF;
 			RETURN NULL;
 		END $$`,
 		`CREATE CONSTRAINT TRIGGER end_at_commit AFTER INSERT ON sessions DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW WHEN (NEW.id = 'doomed') EXECUTE FUNCTION end_at_commit()`,
+			FOR EACH ROW WHEN (NEW.id = 'doomed') EXECUTE FUNCTION end_at_commit('always')`,
+		`CREATE CONSTRAINT TRIGGER end_once_at_commit AFTER INSERT ON sessions DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.id = 'once') EXECUTE FUNCTION end_at_commit('once')`,
 		`CREATE CONSTRAINT TRIGGER end_at_commit AFTER UPDATE ON daemon_run DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW WHEN (NEW.run = 'doomed') EXECUTE FUNCTION end_at_commit()`,
+			FOR EACH ROW WHEN (NEW.run = 'doomed') EXECUTE FUNCTION end_at_commit('always')`,
 	} {
 		if _, err := c.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 	}
+	commit := func(id string) func() error {
+		return func() error {
+			return s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession(id, "k"+id)},
+				&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
+		}
+	}
 	for _, tc := range []struct {
-		name string
-		call func() error
+		name     string
+		call     func() error
+		want     error // errors.Is of the call's error; nil for nil
+		ended    int64 // COMMITs the trigger ended
+		attempts int   // of s0/1, after the call
 	}{
-		{"commit", func() error {
-			return s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("doomed", "kd")}}})[0]
-		}},
-		{"transaction", func() error { _, err := s.BeginRun(ctx, "doomed", t0); return err }},
+		{"commit aborted once", commit("once"), nil, 1, 1},
+		{"commit aborted twice", commit("doomed"), persistence.ErrUnavailable, 2, 1},
+		{"transaction", func() error { _, err := s.BeginRun(ctx, "doomed", t0); return err }, persistence.ErrUnavailable, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var before int64
@@ -212,20 +233,26 @@ func TestLostCommitAnswerIsNotRetried(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := tc.call()
-			if !errors.Is(err, persistence.ErrUnavailable) {
-				t.Errorf("%s whose connection died at its COMMIT = %v, want persistence.ErrUnavailable", tc.name, err)
+			if (tc.want == nil && err != nil) || !errors.Is(err, tc.want) {
+				t.Errorf("%s whose connection died at its COMMIT = %v, want %v", tc.name, err, tc.want)
 			}
 			var after int64
-			if err := c.QueryRow(ctx, `SELECT last_value FROM commits_ended`).Scan(&after); err != nil {
+			if err := c.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM commits_ended`).Scan(&after); err != nil {
 				t.Fatal(err)
 			}
-			if after-before != 1 {
-				t.Errorf("%s whose connection died at its COMMIT sent COMMIT %d times, want 1", tc.name, after-before)
+			if after-before != tc.ended {
+				t.Errorf("%s: the trigger ended %d COMMITs, want %d", tc.name, after-before, tc.ended)
+			}
+			if n := mustAttempts(t, c, "s0", 1); n != tc.attempts {
+				t.Errorf("%s: attempts of s0/1 = %d, want %d (each aborted run counts nothing)", tc.name, n, tc.attempts)
 			}
 		})
 	}
+	if _, err := s.Session(ctx, "once"); err != nil {
+		t.Errorf("Session(once) = %v, want it stored by the commit run again", err)
+	}
 	if _, err := s.Session(ctx, "doomed"); !errors.Is(err, persistence.ErrNotFound) {
-		t.Errorf("Session(doomed) = %v, want persistence.ErrNotFound (the trigger ended the transaction)", err)
+		t.Errorf("Session(doomed) = %v, want persistence.ErrNotFound (the trigger ended each transaction)", err)
 	}
 }
 

@@ -153,6 +153,9 @@ type Store struct {
 	// acquired, when set (by tests), is called with each connection a call takes from the pool
 	// (attempt), before the call's first statement on it.
 	acquired func(*pgx.Conn)
+	// asked, when set (by tests), is called with each answer of the server to xactFate's ask
+	// for a transaction's fate ("" for none, or an error).
+	asked func(status string)
 }
 
 var _ persistence.Store = (*Store)(nil)

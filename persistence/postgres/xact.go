@@ -1,0 +1,128 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A commit whose connection is lost once its COMMIT was sent does not know its outcome: the
+// server may have committed it and the answer was lost on its way, or ended the session before
+// it committed (an administrator's pg_terminate_backend, a crash), or never got the COMMIT.
+// The server keeps each transaction's fate by its id (pg_xact_status, PostgreSQL 13), which
+// the commit's pipelined batch reads at its end, before COMMIT is sent (xactSQL: no round trip
+// more). Commit then asks the server for it on another connection (xactFate): committed, the
+// call succeeds as if the answer had come; aborted, nothing was written and it runs once more
+// (commitTxs); anything else leaves it unknown, and it fails with ErrUnavailable as before (a
+// daemon spools and replays its writes, whose counters may then count twice).
+//
+// A transaction id is the server's own: one the server assigned but lost with its WAL (a
+// crash before the transaction committed) or that a promoted standby never saw (a failover)
+// may be given to another transaction since, whose fate pg_xact_status would report. Neither
+// happens to a transaction that committed on the server that is asked, so "aborted" always
+// means not written there; "committed" is taken only from the server that ran the transaction
+// in the same run (pg_postmaster_start_time, read with the id).
+
+const (
+	// xactSQL ends a commit's batch: the id of its transaction, NULL when it has none (it
+	// wrote nothing yet: its COMMIT has nothing to apply, and a replay no counter to count
+	// twice), and the start of the server that runs it.
+	xactSQL = `SELECT pg_current_xact_id_if_assigned()::text, pg_postmaster_start_time()`
+	// xactStatusSQL asks for a transaction's fate: 'committed', 'aborted', 'in progress', or
+	// NULL when the server no longer keeps it.
+	xactStatusSQL = `SELECT pg_xact_status($1::text::xid8), pg_postmaster_start_time()`
+)
+
+// xactAsks bounds how many times xactFate asks for a transaction the server still runs: a
+// session that died while committing, whose end the server has not finished yet. xactWait is
+// the wait before the second ask, doubled before each next one (0.31 s in all).
+const (
+	xactAsks = 6
+	xactWait = 10 * time.Millisecond
+)
+
+// xact is a transaction of a commit, as its batch read it (xactSQL).
+type xact struct {
+	id     pgtype.Text // NULL when the transaction has no id (it wrote nothing)
+	server time.Time   // pg_postmaster_start_time of the server that ran it
+}
+
+// fate is what the server's record tells of a transaction whose COMMIT's answer was lost.
+type fate int
+
+const (
+	fateUnknown fate = iota
+	fateCommitted
+	fateAborted
+)
+
+// knowsXacts reports whether a server of version (its server_version, which it reports at a
+// connection's start: no round trip) has pg_current_xact_id_if_assigned and pg_xact_status
+// (PostgreSQL 13 or later). On an older server a commit whose answer is lost stays unknown.
+func knowsXacts(version string) bool {
+	n := 0 // "15.5 (Debian 15.5-1.pgdg120+1)", "16beta1", "9.6.24"
+	for n < len(version) && version[n] >= '0' && version[n] <= '9' {
+		n++
+	}
+	major, err := strconv.Atoi(version[:n])
+	return err == nil && major >= 13
+}
+
+// queueXact queues xactSQL on b, for readXact.
+func queueXact(b *pgx.Batch) { b.Queue(xactSQL) }
+
+// readXact reads the answer of the xactSQL queued last on br into x.
+func readXact(br pgx.BatchResults, x *xact) error {
+	if err := br.QueryRow().Scan(&x.id, &x.server); err != nil {
+		return fmt.Errorf("read the transaction's id: %w", err)
+	}
+	return nil
+}
+
+// xactFate asks the server, on another connection of the pool (one it pings first: the server
+// may have ended them all), for the fate of x, whose COMMIT's answer was lost. It asks again
+// while the server still runs x, xactAsks times at most, within ctx. why says what left the
+// fate unknown.
+func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
+	wait := xactWait
+	for ask := 1; ; ask++ {
+		var status pgtype.Text
+		var server time.Time
+		_, err := s.attempt(ctx, true, func(c *pgxpool.Conn) error {
+			return c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server)
+		})
+		if s.asked != nil {
+			s.asked(status.String)
+		}
+		switch {
+		case err != nil:
+			return fateUnknown, fmt.Sprintf("the server could not be asked: %v", err)
+		case !status.Valid:
+			return fateUnknown, "the server keeps no record of it"
+		case status.String == "aborted":
+			return fateAborted, ""
+		case status.String == "committed" && server.Equal(x.server):
+			return fateCommitted, ""
+		case status.String == "committed":
+			return fateUnknown, "the server restarted or changed since (a crash or a failover): " +
+				"its record of the transaction's id may be another transaction's"
+		case status.String != "in progress":
+			return fateUnknown, fmt.Sprintf("the server answered %q", status.String)
+		case ask == xactAsks:
+			return fateUnknown, fmt.Sprintf("the server still ran it at each of %d asks", ask)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fateUnknown, "the call's time ran out while the server still ran it"
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}

@@ -1,0 +1,335 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil/pgtest"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+// What a commitRelay does to the next COMMIT it meets.
+const (
+	relayPass       int32 = iota
+	relayCutAnswer        // drops the COMMIT's answer and ends the connection, both ways
+	relayHoldCommit       // drops the COMMIT and ends the client's side, keeping the server's
+)
+
+// commitDone is a CommandComplete message of a COMMIT: the server committed.
+var commitDone = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
+
+// commitRelay passes a test database's connections through a Unix socket of its own, and
+// breaks the connection of the next COMMIT once armed (mode): after the server committed, as a
+// network that fails between the server's answer and the client does (relayCutAnswer), or
+// before the COMMIT reaches the server, which keeps the transaction open while the server's
+// side of the connection lasts (relayHoldCommit; release ends it).
+type commitRelay struct {
+	dsn  string
+	mode atomic.Int32
+	cuts atomic.Int32 // connections broken at a COMMIT
+	mu   sync.Mutex
+	held []net.Conn // the server's side of the connections relayHoldCommit broke
+}
+
+func newCommitRelay(t *testing.T, dsn string) *commitRelay {
+	t.Helper()
+	l, target, relayed := unixRelay(t, dsn, "pgcommit")
+	r := &commitRelay{dsn: relayed}
+	var (
+		wg    sync.WaitGroup
+		conns []net.Conn
+		ended bool // the test's cleanup closed conns: a connection accepted since is closed
+	)
+	t.Cleanup(func() {
+		_ = l.Close()
+		r.mu.Lock()
+		ended = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		r.mu.Unlock()
+		wg.Wait()
+	})
+	isCommit := isQuery("commit") // pgx's Tx.Commit: a simple query
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			r.mu.Lock()
+			if ended {
+				r.mu.Unlock()
+				_, _ = c.Close(), up.Close()
+				return
+			}
+			conns = append(conns, c, up)
+			r.mu.Unlock()
+			pass := func(dst, src net.Conn, fromClient bool) {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					// A client writes a query whole, and the server a COMMIT's answer with
+					// the ReadyForQuery after it, so one read holds all of it.
+					switch {
+					case fromClient && isCommit(buf[:n]) && r.mode.CompareAndSwap(relayHoldCommit, relayPass):
+						r.mu.Lock()
+						r.held = append(r.held, up)
+						r.mu.Unlock()
+						r.cuts.Add(1)
+						_ = c.Close()
+						return
+					case !fromClient && bytes.Contains(buf[:n], commitDone) && r.mode.CompareAndSwap(relayCutAnswer, relayPass):
+						r.cuts.Add(1)
+						_, _ = c.Close(), up.Close()
+						return
+					}
+					if n > 0 {
+						if _, err := dst.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						_ = dst.Close()
+						return
+					}
+				}
+			}
+			wg.Go(func() { pass(up, c, true) })
+			wg.Go(func() { pass(c, up, false) })
+		}
+	})
+	return r
+}
+
+// release ends the server's side of the connections relayHoldCommit broke: the server ends
+// their sessions, aborting their transactions.
+func (r *commitRelay) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, up := range r.held {
+		_ = up.Close()
+	}
+	r.held = nil
+}
+
+// openRelayed opens a store of a new test database through a commitRelay, and returns it, the
+// relay and the database's own dsn.
+func openRelayed(t *testing.T) (*Store, *commitRelay, string) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	r := newCommitRelay(t, dsn)
+	s, err := Open(context.Background(), r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, r, dsn
+}
+
+// mustAttempts returns the attempts counter of the message sessionID/seq.
+func mustAttempts(t *testing.T, c *pgx.Conn, sessionID string, seq int64) int {
+	t.Helper()
+	var n int
+	if err := c.QueryRow(context.Background(), `SELECT attempts FROM messages WHERE session_id = $1 AND seq = $2`,
+		sessionID, seq).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestLostCommitAnswerOfACommittedTransactionIsTaken: a commit whose connection breaks after
+// the server committed it, before its answer reaches the store (a relay ends the connection
+// when it sees the COMMIT's CommandComplete), succeeds: the server's record of the transaction
+// (pg_xact_status, by the id its batch read) says it committed. Its writes are stored, and its
+// attempt counter counted once; a group the savepoint pass refused keeps its own error. Before,
+// the call failed with ErrUnavailable: a daemon spooled the writes and replayed them, and the
+// counter counted twice (without a spool, the sender was told its message was not stored).
+func TestLostCommitAnswerOfACommittedTransactionIsTaken(t *testing.T) {
+	s, r, dsn := openRelayed(t)
+	admin := mustConn(t, dsn)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		groups func(id string) [][]persistence.Op
+		refuse int // the index of the group refused for what it holds, or -1
+	}{
+		{"one pass", func(id string) [][]persistence.Op {
+			return [][]persistence.Op{
+				{&persistence.IncrementAttempts{SessionID: id, Seqs: []int64{1}},
+					&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 2,
+						Role: persistence.RoleAssistant, Content: "answer", CreatedAt: t0}}},
+				{&persistence.CreateSession{Session: newSession(id+"-next", "k"+id+"-next")}},
+			}
+		}, -1},
+		{"savepoints", func(id string) [][]persistence.Op {
+			return [][]persistence.Op{
+				{&persistence.IncrementAttempts{SessionID: id, Seqs: []int64{1}},
+					&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 2,
+						Role: persistence.RoleAssistant, Content: "answer", CreatedAt: t0}}},
+				{&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 1,
+					Role: persistence.RoleUser, Content: "not what seq 1 holds", CreatedAt: t0}}},
+				{&persistence.CreateSession{Session: newSession(id+"-next", "k"+id+"-next")}},
+			}
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "s-" + tc.name[:3]
+			storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession(id, "k"+id)},
+				&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 1,
+					Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+			before := r.cuts.Load()
+			r.mode.Store(relayCutAnswer)
+			errs := s.Commit(ctx, tc.groups(id))
+			if got := r.cuts.Load() - before; got != 1 {
+				t.Fatalf("the relay cut %d COMMIT answers, want 1: the test does not test", got)
+			}
+			for i, err := range errs {
+				switch {
+				case i == tc.refuse && !errors.Is(err, ErrConflict):
+					t.Errorf("group %d (refused for what it holds) = %v, want ErrConflict", i, err)
+				case i != tc.refuse && err != nil:
+					t.Errorf("group %d of a commit whose answer was lost after the server committed it = %v, want nil", i, err)
+				}
+			}
+			if n := mustAttempts(t, admin, id, 1); n != 1 {
+				t.Errorf("attempts of %s/1 = %d, want 1 (counted once)", id, n)
+			}
+			var stored int
+			if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM messages WHERE session_id = $1 AND seq = 2)
+				+ (SELECT count(*) FROM sessions WHERE id = $1 || '-next')`, id).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			if stored != 2 {
+				t.Errorf("%d of the commit's 2 rows are stored, want both", stored)
+			}
+		})
+	}
+}
+
+// TestLostCommitAnswerOfATransactionInProgress: a commit whose connection breaks after its
+// COMMIT was sent while the server still runs its transaction (here the COMMIT never reached
+// the server, which keeps the transaction open while its side of the connection lasts) asks
+// the server again, briefly: a transaction the server aborts meanwhile runs again and succeeds,
+// once; one it still runs after xactAsks asks fails with ErrUnavailable, as before (a daemon
+// spools it), and is not run again. Before, both failed at once with ErrUnavailable.
+func TestLostCommitAnswerOfATransactionInProgress(t *testing.T) {
+	s, r, dsn := openRelayed(t)
+	admin := mustConn(t, dsn)
+	ctx := context.Background()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	var mu sync.Mutex
+	var asked []string
+	var abort bool // end the held transaction at the first answer 'in progress'
+	s.asked = func(status string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, status)
+		if !abort || status != "in progress" {
+			return
+		}
+		abort = false
+		var ended int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+			FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&ended); err != nil || ended != 1 {
+			t.Errorf("end the held transaction: ended %d, %v; want 1", ended, err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		abort  bool
+		id     string
+		want   error // errors.Is of the call's error; nil for nil
+		asks   int
+		stored bool
+	}{
+		{"aborted meanwhile", true, "s1", nil, 2, true},
+		{"still running", false, "s2", persistence.ErrUnavailable, xactAsks, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			asked, abort = nil, tc.abort
+			mu.Unlock()
+			defer r.release()
+			before := r.cuts.Load()
+			r.mode.Store(relayHoldCommit)
+			err := s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession(tc.id, "k"+tc.id)},
+				&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
+			if got := r.cuts.Load() - before; got != 1 {
+				t.Fatalf("the relay held %d COMMITs, want 1: the test does not test", got)
+			}
+			if (tc.want == nil && err != nil) || !errors.Is(err, tc.want) {
+				t.Errorf("Commit whose COMMIT the server did not get = %v, want %v", err, tc.want)
+			}
+			mu.Lock()
+			got := asked
+			mu.Unlock()
+			if len(got) != tc.asks || got[0] != "in progress" {
+				t.Errorf("the store asked for the transaction's fate %d times, answered %q; want %d, the first 'in progress'",
+					len(got), got, tc.asks)
+			}
+			r.release()
+			var stored bool
+			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1)`, tc.id).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			if stored != tc.stored {
+				t.Errorf("session %s stored = %v, want %v", tc.id, stored, tc.stored)
+			}
+		})
+	}
+	// Each aborted transaction counted nothing; the one run again, once. (The one still
+	// running when released counts nothing either once the server ends it.)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var open int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if open == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the released transaction is still open 10 s on")
+		}
+		time.Sleep(time.Millisecond) // polls the server under a deadline
+	}
+	if n := mustAttempts(t, admin, "s0", 1); n != 1 {
+		t.Errorf("attempts of s0/1 = %d, want 1 (once, by the commit run again)", n)
+	}
+}
+
+// TestKnowsXactsByServerVersion: a commit reads its transaction's id on PostgreSQL 13 or later
+// only, whose pg_current_xact_id_if_assigned and pg_xact_status an older server lacks (its
+// commits' batches would fail), by the version the server reports at a connection's start.
+func TestKnowsXactsByServerVersion(t *testing.T) {
+	for v, want := range map[string]bool{
+		"15.5 (Debian 15.5-1.pgdg120+1)": true,
+		"13.0":                           true,
+		"16beta1":                        true,
+		"12.17":                          false,
+		"9.6.24":                         false,
+		"":                               false,
+		"unknown":                        false,
+	} {
+		if got := knowsXacts(v); got != want {
+			t.Errorf("knowsXacts(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
