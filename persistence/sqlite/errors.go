@@ -10,3 +10,8 @@ var (
 	// a different row: a re-sent write is harmless, a different write to the same seq is a bug.
 	ErrConflict = errors.New("sqlite: message seq already holds a different row")
 )
+
+// ErrMigratedThenEnded is Open's error when its ctx ended while it migrated the schema: the
+// migration, once begun, went on to its end (a cut would roll it back, to be done again), and
+// Open went no further. The error wraps ctx's too.
+var ErrMigratedThenEnded = errors.New("sqlite: the schema's migration ended, and the open went no further: asked to stop meanwhile")

@@ -30,15 +30,20 @@ func migrations() ([]sqlstore.Migration, error) {
 // table that references sessions would fail on them, and the daemon would not start: such a
 // migration deletes them first, with their search index entries (as pruner.messages does:
 // leaving a message's entry behind corrupts the index).
+//
+// ctx ends the wait for the write lock (beginUncut), which another process may hold, but not
+// the transaction once begun: it runs to its end, as a cut would roll all of it back, to be
+// done again from the start at the next Open (Open returns ErrMigratedThenEnded then).
 func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 	ms, err := migrations()
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	tx, err := w.BeginTx(ctx, nil)
+	tx, err := beginUncut(ctx, w)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	ctx = context.WithoutCancel(ctx)
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER NOT NULL PRIMARY KEY,
@@ -78,6 +83,28 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 		log.Info("schema migrated", "from", current, "to", ms[len(ms)-1].Version, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// beginUncut begins a write transaction on w (BEGIN IMMEDIATE: the writer's _txlock) whose
+// wait for the write lock ctx ends, as modernc.org/sqlite's busy handler gives up once the
+// statement's ctx is done (with ctx's error), but which ctx does not end once begun: database/sql
+// rolls a transaction back as soon as its BeginTx's ctx ends. A ctx that ends as the BEGIN
+// returns rolls back the transaction, which holds nothing yet, and beginUncut returns ctx's error.
+func beginUncut(ctx context.Context, w *sql.DB) (*sql.Tx, error) {
+	// txCtx's parent never ends: nothing is left to release once the transaction ends.
+	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	tx, err := w.BeginTx(txCtx, nil)
+	if !stop() { // ctx ended during the BEGIN, or as it returned: cancel ends the transaction
+		if err == nil {
+			_ = tx.Rollback()
+		}
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return tx, nil
 }
 
 // checkSchema reports an error unless every embedded migration has been applied (a read-only

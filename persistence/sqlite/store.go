@@ -236,8 +236,9 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	var err error
 	if opts.NoMigrate {
 		err = checkSchemaToWrite(ctx, w)
-	} else {
-		err = migrate(ctx, w, s.log)
+	} else if err = migrate(ctx, w, s.log); err == nil && ctx.Err() != nil {
+		// Ended while it migrated, which went on to its end (migrate): nothing further is done.
+		return fmt.Errorf("%w: %w", ErrMigratedThenEnded, ctx.Err())
 	}
 	again := "start again"
 	if err == nil && opts.MustWrite {

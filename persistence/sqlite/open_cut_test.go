@@ -1,0 +1,147 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+)
+
+// TestOpenEndedWhileItWaitsForTheWriteLockStops: an Open whose ctx ends (the daemon's stop)
+// while its migration waits for the database's write lock, which another process holds (a
+// sqlite3 shell in a transaction, an offline admin command, a backup), returns at once with
+// ctx's error, not after the writer's busy timeout (5 s) with "database is locked", and leaves
+// the database as it was: opened again once the lock is let go of, it is at this binary's
+// schema and takes a write. The lock is let go of only after Open returned, so an Open that
+// waited out the busy timeout fails on the error's kind.
+func TestOpenEndedWhileItWaitsForTheWriteLockStops(t *testing.T) {
+	// In a bubble: modernc.org/sqlite's busy handler sleeps on Go timers, so synctest.Wait
+	// returns once Open waits for the lock (every goroutine of the bubble durably blocked), and
+	// the bubble's clock says how long Open took without a real wait.
+	testutil.BubbleTest(t, 2*time.Minute, "a wait on the store's mutex behind the busy handler's sleep holds the bubble's clock still", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		s, err := Open(t.Context(), path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		unlock := testutil.LockSQLite(t, path)
+
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		type opened struct {
+			s   *Store
+			err error
+		}
+		done := make(chan opened, 1)
+		start := time.Now()
+		go func() {
+			s, err := Open(ctx, path, Options{})
+			done <- opened{s, err}
+		}()
+		synctest.Wait() // Open sleeps in the busy handler, waiting for the lock
+		select {
+		case r := <-done:
+			t.Fatalf("Open returned (%v) before it was cut, while another connection held the write lock", r.err)
+		default:
+		}
+		cancel()
+		r := <-done
+		took := time.Since(start)
+		unlock()
+		if r.err == nil {
+			r.s.Close()
+			t.Fatal("Open cut while it waited for the write lock returned a store")
+		}
+		if !errors.Is(r.err, context.Canceled) || errors.Is(r.err, ErrMigratedThenEnded) || errors.Is(r.err, persistence.ErrUnavailable) {
+			t.Errorf("Open cut while it waited for the write lock = %v, want ctx's error (context.Canceled), not the lock's", r.err)
+		}
+		if took >= time.Second {
+			t.Errorf("Open cut while it waited for the write lock returned after %v, want at once (not the busy timeout)", took)
+		}
+
+		s, err = Open(t.Context(), path, Options{})
+		if err != nil {
+			t.Fatalf("Open after the cut one and the lock's release = %v", err)
+		}
+		defer s.Close()
+		current, latest, err := schemaVersions(t.Context(), s.writer)
+		if err != nil || current != latest {
+			t.Errorf("schema version after a cut Open = %d, %v; want %d", current, err, latest)
+		}
+		if err := s.Commit(t.Context(), [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})[0]; err != nil {
+			t.Errorf("a commit after a cut Open = %v", err)
+		}
+	})
+}
+
+// TestOpenEndedWhileItMigratesFinishesTheMigration: an Open whose ctx ends once its migration
+// has begun (here as it logs the migration it applies) does not cut it: the migration runs to
+// its end, and Open returns ErrMigratedThenEnded with ctx's error, no store. A cut would roll
+// the whole migration back (database/sql rolls a transaction back once its BeginTx's ctx
+// ends), to be done again from the start at the next Open. The database is at this binary's
+// schema then, and opens again without migrating.
+func TestOpenEndedWhileItMigratesFinishesTheMigration(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := ms[len(ms)-1].Version
+	mustSchemaAt(t, path, latest-1).Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	logs := &testutil.Buffer{}
+	log := slog.New(onLine{slog.NewTextHandler(logs, nil), "migrating the schema", cancel})
+	s, err := Open(ctx, path, Options{Logger: log})
+	if err == nil {
+		s.Close()
+		t.Fatalf("Open cut during its migration returned a store; log:\n%s", logs.String())
+	}
+	if !errors.Is(err, ErrMigratedThenEnded) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Open cut during its migration = %v, want ErrMigratedThenEnded and context.Canceled", err)
+	}
+	if !strings.Contains(logs.String(), "schema migrated") {
+		t.Errorf("the log of an Open cut during its migration does not say the migration ended:\n%s", logs.String())
+	}
+
+	logs = &testutil.Buffer{}
+	s, err = Open(t.Context(), path, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatalf("Open after the cut one = %v", err)
+	}
+	defer s.Close()
+	if strings.Contains(logs.String(), "migrating the schema") {
+		t.Errorf("the Open after one cut during its migration migrated again:\n%s", logs.String())
+	}
+	current, _, err := schemaVersions(t.Context(), s.writer)
+	if err != nil || current != latest {
+		t.Errorf("schema version after an Open cut during its migration = %d, %v; want %d", current, err, latest)
+	}
+	if err := s.Commit(t.Context(), [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})[0]; err != nil {
+		t.Errorf("a commit after an Open cut during its migration = %v", err)
+	}
+}
+
+// onLine is a slog.Handler that calls f when a record whose message is msg is handled, before
+// h handles it.
+type onLine struct {
+	slog.Handler
+	msg string
+	f   func()
+}
+
+func (o onLine) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == o.msg {
+		o.f()
+	}
+	return o.Handler.Handle(ctx, r)
+}
