@@ -391,18 +391,21 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	corrupt := func() { d.metrics.StoreCorrupt.Set(1) }
 	// A stop asked for while the store opens ends its waits at once (PostgreSQL's connect and
 	// its daemon lock, up to 5 s while another daemon holds it: the start then failed, exit 1,
-	// "another agentgate daemon uses this database"), but not a migration that has begun, which
-	// ends first (openStore); the start stops then, before the next step. Before, the stop was
-	// acted on only once the whole of the store's opening was over
-	// (TestSIGTERMWhileTheStartWaitsForPostgresLock, TestSIGTERMWhileTheStartMigratesPostgres).
+	// "another agentgate daemon uses this database"; SQLite's wait for the write lock another
+	// process holds, up to 5 s too, then exit 1, "the database is locked by another process"),
+	// but not a migration that has begun, which ends first (openStore); the start stops then,
+	// before the next step. Before, the stop was acted on only once the whole of the store's
+	// opening was over (TestSIGTERMWhileTheStartWaitsForPostgresLock,
+	// TestSIGTERMWhileTheStartMigratesPostgres, TestSIGTERMWhileTheStartWaitsForTheSQLiteLock).
 	openCtx, endOpen := stopContext(ctx, opts.Stop)
 	d.store, err = openStore(openCtx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered)
 	endOpen()
 	// Only a stop that Options.Stop asked for is ErrStopped: an end of ctx is the start's
-	// failure, postgres.ErrMigratedThenEnded's too, which returned no store. Before, that one
+	// failure, ErrMigratedThenEnded's too (either store's), which returned no store. Before, that one
 	// went on with none, and panicked at its first use (TestStartsContextEndedWhileItMigratesFails).
+	migrated := errors.Is(err, postgres.ErrMigratedThenEnded) || errors.Is(err, sqlite.ErrMigratedThenEnded)
 	switch stopped := isClosed(opts.Stop) && errors.Is(err, context.Canceled); {
-	case err != nil && stopped && !errors.Is(err, postgres.ErrMigratedThenEnded):
+	case err != nil && stopped && !migrated:
 		log.Info("asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything")
 		return nil, ErrStopped
 	case err != nil && stopped:
@@ -1376,9 +1379,9 @@ func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGrou
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
 // non-nil store). corrupt is called once a SQLite store finds its database damaged, recovered
 // each time a PostgreSQL store takes writes again after it lost its daemon lock.
-// ctx ends a PostgreSQL store's waits (postgres.Open), but not SQLite's open: its migrations
-// run in one transaction that a cut would roll back, to be done again from the start, and it
-// has no wait of its own to end besides (the data directory's lock came before).
+// ctx ends either store's waits but not a migration that has begun (postgres.Open, sqlite.Open):
+// SQLite's wait for the database's write lock, which another process may hold (a sqlite3 shell,
+// an offline admin command, a backup), up to the busy timeout of 5 s.
 func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt, recovered func()) (persistence.Store, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
@@ -1389,7 +1392,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclus
 		}
 		return st, nil
 	default:
-		st, err := sqlite.Open(context.WithoutCancel(ctx), cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
+		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
 		if err != nil {
 			return nil, err
 		}

@@ -22,8 +22,15 @@ const daemonLockClass = 0x6167646c
 // returns its stderr and the channel of its exit; the test's end kills it if it still runs.
 func startingServe(t *testing.T, dsn string, env ...string) (*testutil.Buffer, *exec.Cmd, chan error) {
 	t.Helper()
-	cmd := exec.Command(MustBuild(t), "serve", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0")
-	cmd.Env = append(append(os.Environ(), pgEnv(dsn)...), env...)
+	return startingServeIn(t, t.TempDir(), append(pgEnv(dsn), env...)...)
+}
+
+// startingServeIn is startingServe on the data directory dir, its store the environment's
+// (SQLite in dir by default).
+func startingServeIn(t *testing.T, dir string, env ...string) (*testutil.Buffer, *exec.Cmd, chan error) {
+	t.Helper()
+	cmd := exec.Command(MustBuild(t), "serve", "--data-dir", dir, "--http-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), env...)
 	stderr := &testutil.Buffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
