@@ -126,11 +126,12 @@ const defaultReaders = 4
 // open fails with persistence.ErrLocked; under go test the default data directory fails with
 // persistence.ErrDefaultDataDir. A corrupt database is refused, its error saying so.
 //
-// ctx ends Open's waits (the daemon's stop): the check of every page, and the migration's wait
-// for the write lock that another process holds, up to the busy timeout of 5 s
-// (TestOpenEndedWhileItWaitsForTheWriteLockStops); Open then returns ctx's error at once, having
-// written nothing. A migration that has begun is not cut by it: it runs to its end, and Open
-// then returns ErrMigratedThenEnded (and ctx's error) without going further.
+// ctx ends Open's wait for the write lock that another process holds, which the migration's
+// BEGIN waits for up to the busy timeout of 5 s (TestOpenEndedWhileItWaitsForTheWriteLockStops):
+// Open then returns ctx's error at once, having written nothing. The check of every page before
+// it runs under ctx too (a read: a cut leaves the database as it was). A migration that has
+// begun is not cut by it: it runs to its end, and Open then returns ErrMigratedThenEnded (and
+// ctx's error) without going further.
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	syncMode, err := synchronousPragma(opts.Synchronous)
 	if err != nil {
