@@ -908,6 +908,68 @@ func TestResetAndRequeueThroughAMemberThatRefuses(t *testing.T) {
 	}
 }
 
+// TestResetAndRequeueThroughMembersOfMixedAnswers: a member that does not know the route, then
+// one that is stopping, are passed over, and the next member's answer is the command's: an
+// answer lost ("it may have …", not the upgrade, and the reset not made in the store: that
+// member may have made it) or a refusal; no member after it is asked, and stdout holds nothing,
+// with --json too. Passing over the older member must not let a later member's answer be
+// passed over as well, nor be said as the older member's.
+func TestResetAndRequeueThroughMembersOfMixedAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	register := clusterOfMembers(t)
+	for _, tc := range []struct {
+		name        string
+		status      int
+		body        string
+		reset, requ string // what the error says after the member's address
+	}{
+		{"answer lost", 500, `{"error":{"code":"internal","message":"the session did not answer in time"}}`,
+			" took the request, but the answer was lost (500 Internal Server Error: the session did not answer in time): it may have reset the session: see agentgate sessions show " + keyA + " before you try again",
+			" took the request, but the answer was lost (500 Internal Server Error: the session did not answer in time): it may have requeued the message: see agentgate sessions show " + keyA},
+		{"refused", 409, `{"error":{"code":"not_quarantined","message":"message m1 is not quarantined"}}`, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			older, _ := olderMember(t, noSuchRoute)
+			stopping := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				w.Write([]byte(`{"error":{"code":"draining","message":"agentgate is stopping and took no new work: nothing was changed; retry at its next start"}}`))
+			})
+			var answered atomic.Int32
+			answering := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
+				answered.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				w.Write([]byte(tc.body))
+			})
+			last, asked := upgradedMember(t)
+			register(t, older, stopping, answering, last)
+			addr := answering.Listener.Addr().String()
+			wantReset := "reset " + keyA + ": the member at " + addr + " answered 409 Conflict: message m1 is not quarantined"
+			wantRequeue := "sessions requeue: message m1 is not quarantined, so nothing was requeued; agentgate sessions show " + keyA +
+				" lists the key's last messages with their status, agentgate sessions quarantined the quarantined ones, which a requeue runs"
+			if tc.reset != "" {
+				wantReset, wantRequeue = "reset "+keyA+": the member at "+addr+tc.reset, "requeue m1 of "+keyA+": the member at "+addr+tc.requ
+			}
+			out, errOut, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
+			if err == nil || err.Error() != wantReset || out != "" || errOut != "" {
+				t.Errorf("reset: %v (stdout %q, stderr %q), want %q and nothing printed (no reset in the store)", err, out, errOut, wantReset)
+			}
+			for _, args := range [][]string{{"requeue", keyA, "m1"}, {"requeue", "--json", keyA, "m1"}} {
+				out, _, err := runSessions(t, append(args, "--data-dir", t.TempDir())...)
+				if err == nil || err.Error() != wantRequeue || out != "" {
+					t.Errorf("sessions %q: %v (stdout %q), want %q and nothing on stdout", args, err, out, wantRequeue)
+				}
+			}
+			if n, m := answered.Load(), asked.Load(); n != 3 || m != 0 {
+				t.Errorf("the member that answered was asked %d times, the one after it %d; want 3 and 0", n, m)
+			}
+		})
+	}
+}
+
 // TestResetAndRequeueRefusedWithTheirAnswerCut: a 4xx is a refusal that changed nothing, also
 // when its body is cut short: the daemon's server answers a request line over its 64 KiB of
 // headers (a KEY pasted with a whole log line) 431 and closes the connection, which can reset
