@@ -75,7 +75,8 @@
 // retries count on from the refused request's. A refusal that max_tokens does not fit in
 // the model's context next to the input (vLLM's wordings: contextOverflowOf; llama.cpp's
 // exceed_context_size_error of a prompt shorter than its n_ctx, also as LiteLLM passes it on:
-// wrappedExceedOf; of a prompt whose size is not known, a context exceeded: tokenCount), read
+// wrappedExceedOf; of a prompt whose size is not known, a context exceeded unless max_tokens
+// is n_ctx or more: tokenCount), read
 // from the whole error
 // (contextRefusalOf), says it is the max_tokens setting when that is the context or more, or
 // the input alone fits, with an ERR.

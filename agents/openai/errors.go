@@ -261,7 +261,10 @@ const maxContextScan = maxErrorBody
 // prompt whose size is not known (n_prompt_tokens missing, or no count: tokenCount) is read as
 // what the error's name says, a context exceeded, as a prompt too long is. Before, it read as
 // 0 tokens, a prompt that fits: the max_tokens setting was blamed, with an ERR, and the
-// conversation that had outgrown the context was never said to be too long.
+// conversation that had outgrown the context was never said to be too long. Only a max_tokens
+// of n_ctx or more is still the setting's next to such a prompt: no conversation fits beside
+// it on a server that counts it in (llama.cpp's own always gives the prompt's count), and /new
+// would not help.
 //
 // A refusal may echo the request it refused (vLLM's validation error holds it whole as its
 // input, a proxy's message may): the chat's words, which may speak of the model's context or
@@ -291,8 +294,14 @@ func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRe
 		return c
 	}
 	c.tooLong = true
-	if maxTokens > 0 && prompt > 0 && prompt < ctx {
+	switch {
+	case maxTokens <= 0 || ctx <= 0:
+	case prompt > 0 && prompt < ctx:
 		c.counted, c.overflow = true, contextOverflow{context: ctx, input: prompt, output: maxTokens}
+	case prompt == 0 && maxTokens >= ctx:
+		// A prompt of a size not known next to a max_tokens no conversation fits beside: the
+		// setting's, whatever the prompt (its input 0, not known).
+		c.counted, c.overflow = true, contextOverflow{context: ctx, output: maxTokens}
 	}
 	return c
 }

@@ -197,6 +197,14 @@ func TestMaxTokensLargerThanTheContext(t *testing.T) {
 			"max_tokens setting", false, true},
 		{"llama.cpp behind LiteLLM, prompt too long", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'request (14429 tokens) exceeds the available context size (8192 tokens), try increasing it', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 14429, 'n_ctx': 8192}}","type":null,"param":null,"code":"400"}}`,
 			"conversation is too long", true, false},
+		// A prompt whose size is not known next to a max_tokens of the context or more: no
+		// conversation fits on a server that counts max_tokens in (llama.cpp's own always
+		// gives its count), and /new would not help (TestExceedContextOfAPromptOfUnknownSizeIsTooLong
+		// is the same error with a max_tokens below n_ctx).
+		{"llama.cpp, max_tokens past the context, prompt of a size not known", `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_ctx":1024}}`,
+			"max_tokens setting", false, true},
+		{"llama.cpp behind LiteLLM, max_tokens past the context, prompt of a size not known", `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'the request exceeds the available context size', 'type': 'exceed_context_size_error', 'n_prompt_tokens': None, 'n_ctx': 1024}}","type":null,"param":null,"code":"400"}}`,
+			"max_tokens setting", false, true},
 		{"llama.cpp's JSON in a proxy's message, the prompt fits", `{"error":{"message":"upstream answered 400: {\"error\":{\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":7000,\"n_ctx\":8192}}","type":"upstream_error"}}`,
 			"max_tokens setting", true, true},
 	} {
