@@ -23,6 +23,12 @@ func TestReadStreamShapes(t *testing.T) {
 		{"every line end in one stream", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\rdata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\r\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"d\"}}]}\n\ndata: [DONE]\r", "abcd", 4},
 		{"DONE without its blank line", "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]", "x", 1},
 		{"event and id fields are ignored", "event: message\nid: 3\ndata: {\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\ndata: [DONE]\n\n", "z", 1},
+		// An event's type is its own: it ends at the blank line that ends the event, also one
+		// without data (an "error" event's type would otherwise make the next chunk an error).
+		{"an event's type ends with it", "event: error\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\ndata: [DONE]\n\n", "z", 1},
+		{"events of other types are chunks", "event: ping\ndata: {\"type\":\"ping\"}\n\nevent: content_block_delta\ndata: {\"choices\":[{\"delta\":{\"content\":\"z\"}}]}\n\ndata: [DONE]\n\n", "z", 1},
+		// Only data that is no JSON is read for "error:" (streamError): a reply that says it is text.
+		{"a reply that begins with error:", "data: {\"choices\":[{\"delta\":{\"content\":\"error: none\"}}]}\n\ndata: [DONE]\n\n", "error: none", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
