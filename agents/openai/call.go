@@ -908,16 +908,17 @@ func streamError(typ, payload string) (string, bool) {
 // and n_ctx for exceed_context_size_error), read as apply reads one (its code is its status);
 // an object that holds "error" is read for that, and a value that is no JSON object is the
 // message of an error that names no status, as an error object that names none is (sanitize
-// bounds it and takes out its control characters). It is also the error of an event that is
+// bounds it and takes out its control characters); null is such an error without a message,
+// which apply would read as no error, and the turn went on as if none had come. It is also the error of an event that is
 // one (streamError). shown is set when text was streamed to the user before it. Before, the
 // line was skipped, and the turn ended as a reply without text (or a stream that broke off),
 // the server's reason unsaid.
 func (a *Agent) errorField(value string, shown bool) error {
 	raw := json.RawMessage(strings.TrimSpace(value))
 	var obj map[string]json.RawMessage
-	if json.Unmarshal(raw, &obj) != nil {
+	if json.Unmarshal(raw, &obj) != nil || obj == nil {
 		msg := string(raw)
-		if msg == "" {
+		if msg == "" || msg == "null" {
 			msg = "an error without a message"
 		}
 		return &StatusError{Code: http.StatusOK, Message: sanitize(msg, a.keyString()), inBand: true, shown: shown}
