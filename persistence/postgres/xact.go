@@ -22,20 +22,31 @@ import (
 // daemon spools and replays its writes, whose counters may then count twice).
 //
 // A transaction id is the server's own: one the server assigned but lost with its WAL (a
-// crash before the transaction committed) or that a promoted standby never saw (a failover)
-// may be given to another transaction since, whose fate pg_xact_status would report. Neither
-// happens to a transaction that committed on the server that is asked, so "aborted" always
-// means not written there; "committed" is taken only from the server that ran the transaction
-// in the same run (pg_postmaster_start_time, read with the id).
+// crash before the transaction's WAL reached the disk) or that a promoted standby never saw (a
+// failover) may be given to another transaction since, whose fate pg_xact_status would report.
+// Neither happens to a transaction that committed on the server that is asked, so "aborted"
+// always means not written there; "committed" is taken only from the server that ran the
+// transaction in the same run (serverRun, read with the id). A crash of one of the server's
+// processes (the OOM killer's, a segfault) ends every session and recovers from the WAL
+// without a restart of the postmaster, whose pg_postmaster_start_time stays: the run is told by
+// the reset time of the server's shared statistics too, which such a recovery resets
+// (pg_stat_get_bgwriter_stat_reset_time; a reset by an administrator, pg_stat_reset_shared,
+// leaves a fate unknown, which is safe). Before, the start time alone told it, and a commit that
+// a crash lost was taken as applied when the recovered server had given its id to another
+// transaction that committed (TestLostCommitAnswerOfATransactionACrashLost). The statistics
+// are in shared memory from PostgreSQL 15, and cheap to read; before, reading them reads the
+// statistics collector's file, which a commit does not afford.
 
 const (
 	// xactSQL ends a commit's batch: the id of its transaction, NULL when it has none (it
 	// wrote nothing yet: its COMMIT has nothing to apply, and a replay no counter to count
-	// twice), and the start of the server that runs it.
-	xactSQL = `SELECT pg_current_xact_id_if_assigned()::text, pg_postmaster_start_time()`
+	// twice), and the run of the server that runs it (serverRun).
+	xactSQL = `SELECT pg_current_xact_id_if_assigned()::text, ` + serverRunSQL
 	// xactStatusSQL asks for a transaction's fate: 'committed', 'aborted', 'in progress', or
-	// NULL when the server no longer keeps it.
-	xactStatusSQL = `SELECT pg_xact_status($1::text::xid8), pg_postmaster_start_time()`
+	// NULL when the server no longer keeps it; and the server's run.
+	xactStatusSQL = `SELECT pg_xact_status($1::text::xid8), ` + serverRunSQL
+	// serverRunSQL reads a serverRun.
+	serverRunSQL = `pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()`
 )
 
 // xactAsks bounds how many times xactFate asks for a transaction the server still runs: a
@@ -49,7 +60,20 @@ const (
 // xact is a transaction of a commit, as its batch read it (xactSQL).
 type xact struct {
 	id     pgtype.Text // NULL when the transaction has no id (it wrote nothing)
-	server time.Time   // pg_postmaster_start_time of the server that ran it
+	server serverRun   // of the server that ran it
+}
+
+// serverRun tells a run of a server, whose transaction ids are its own: the start of its
+// postmaster, and the reset time of its shared statistics, which a recovery from a crash of
+// one of its processes resets while the postmaster runs on.
+type serverRun struct {
+	start, statsReset pgtype.Timestamptz
+}
+
+// same reports whether r and o are known and the same run.
+func (r serverRun) same(o serverRun) bool {
+	return r.start.Valid && r.statsReset.Valid && o.start.Valid && o.statsReset.Valid &&
+		r.start.Time.Equal(o.start.Time) && r.statsReset.Time.Equal(o.statsReset.Time)
 }
 
 // fate is what the server's record tells of a transaction whose COMMIT's answer was lost.
@@ -63,14 +87,15 @@ const (
 
 // knowsXacts reports whether a server of version (its server_version, which it reports at a
 // connection's start: no round trip) has pg_current_xact_id_if_assigned and pg_xact_status
-// (PostgreSQL 13 or later). On an older server a commit whose answer is lost stays unknown.
+// (PostgreSQL 13 or later), and its shared statistics in shared memory (15 or later), which
+// tell its run (serverRun). On an older server a commit whose answer is lost stays unknown.
 func knowsXacts(version string) bool {
 	n := 0 // "15.5 (Debian 15.5-1.pgdg120+1)", "16beta1", "9.6.24"
 	for n < len(version) && version[n] >= '0' && version[n] <= '9' {
 		n++
 	}
 	major, err := strconv.Atoi(version[:n])
-	return err == nil && major >= 13
+	return err == nil && major >= 15
 }
 
 // queueXact queues xactSQL on b, for readXact.
@@ -78,7 +103,7 @@ func queueXact(b *pgx.Batch) { b.Queue(xactSQL) }
 
 // readXact reads the answer of the xactSQL queued last on br into x.
 func readXact(br pgx.BatchResults, x *xact) error {
-	if err := br.QueryRow().Scan(&x.id, &x.server); err != nil {
+	if err := br.QueryRow().Scan(&x.id, &x.server.start, &x.server.statsReset); err != nil {
 		return fmt.Errorf("read the transaction's id: %w", err)
 	}
 	return nil
@@ -92,9 +117,9 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 	wait := xactWait
 	for ask := 1; ; ask++ {
 		var status pgtype.Text
-		var server time.Time
+		var server serverRun
 		_, err := s.attempt(ctx, true, func(c *pgxpool.Conn) error {
-			return c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server)
+			return c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server.start, &server.statsReset)
 		})
 		if s.asked != nil {
 			s.asked(status.String)
@@ -106,10 +131,10 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 			return fateUnknown, "the server keeps no record of it"
 		case status.String == "aborted":
 			return fateAborted, ""
-		case status.String == "committed" && server.Equal(x.server):
+		case status.String == "committed" && server.same(x.server):
 			return fateCommitted, ""
 		case status.String == "committed":
-			return fateUnknown, "the server restarted or changed since (a crash or a failover): " +
+			return fateUnknown, "the server restarted, recovered from a crash or changed since (a failover): " +
 				"its record of the transaction's id may be another transaction's"
 		case status.String != "in progress":
 			return fateUnknown, fmt.Sprintf("the server answered %q", status.String)

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +39,9 @@ type commitRelay struct {
 	cuts atomic.Int32 // connections broken at a COMMIT
 	mu   sync.Mutex
 	held []net.Conn // the server's side of the connections relayHoldCommit broke
+	// atHold, when set, is called once relayHoldCommit dropped a COMMIT, before the client's
+	// side of its connection is ended.
+	atHold func()
 }
 
 func newCommitRelay(t *testing.T, dsn string) *commitRelay {
@@ -78,6 +83,7 @@ func newCommitRelay(t *testing.T, dsn string) *commitRelay {
 			}
 			conns = append(conns, c, up)
 			r.mu.Unlock()
+			var holding atomic.Bool // the client's side waits for atHold: the server's end passes not to it
 			pass := func(dst, src net.Conn, fromClient bool) {
 				buf := make([]byte, 32<<10)
 				for {
@@ -88,13 +94,21 @@ func newCommitRelay(t *testing.T, dsn string) *commitRelay {
 					case fromClient && isCommit(buf[:n]) && r.mode.CompareAndSwap(relayHoldCommit, relayPass):
 						r.mu.Lock()
 						r.held = append(r.held, up)
+						atHold := r.atHold
 						r.mu.Unlock()
 						r.cuts.Add(1)
+						if atHold != nil {
+							holding.Store(true)
+							atHold()
+						}
 						_ = c.Close()
 						return
 					case !fromClient && bytes.Contains(buf[:n], commitDone) && r.mode.CompareAndSwap(relayCutAnswer, relayPass):
 						r.cuts.Add(1)
 						_, _ = c.Close(), up.Close()
+						return
+					}
+					if !fromClient && holding.Load() {
 						return
 					}
 					if n > 0 {
@@ -315,14 +329,125 @@ func TestLostCommitAnswerOfATransactionInProgress(t *testing.T) {
 	}
 }
 
-// TestKnowsXactsByServerVersion: a commit reads its transaction's id on PostgreSQL 13 or later
-// only, whose pg_current_xact_id_if_assigned and pg_xact_status an older server lacks (its
-// commits' batches would fail), by the version the server reports at a connection's start.
+// TestLostCommitAnswerOfATransactionACrashLost: a commit whose connection breaks after its
+// COMMIT was sent, as the server crashes (a process of it killed: the postmaster ends every
+// session, recovers from its WAL and runs on, pg_postmaster_start_time unchanged), before the
+// transaction's WAL reached the disk, wrote nothing; and the server, recovered, gives its id
+// to another transaction, which commits. Asked for the fate of that id, the server answers
+// 'committed', of the other transaction: the commit is not taken as applied, since the reset
+// time of the server's shared statistics, which its batch read with the id, changed with the
+// crash. It fails with ErrUnavailable (a daemon spools it), nothing of it stored. Before, the
+// start time alone told the server's run, and the call succeeded: its writes silently lost.
+func TestLostCommitAnswerOfATransactionACrashLost(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	ctx := context.Background()
+	// The WAL writer, which writes the WAL of a transaction not yet committed every
+	// wal_writer_delay, waits until after the crash: a restart sets it.
+	func() {
+		c := mustConn(t, srv.DSN())
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, `ALTER SYSTEM SET wal_writer_delay = '10s'`); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	srv.Restart(t)
+	r := newCommitRelay(t, srv.DSN())
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	admin := mustConn(t, srv.DSN())
+	if _, err := admin.Exec(ctx, `CHECKPOINT`); err != nil { // what is stored so far is on disk
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []string
+	s.asked = func(status string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, status)
+	}
+	var reused bool
+	r.atHold = func() { // on the relay's goroutine: t.Error, not t.Fatal
+		var pid int
+		var xid string
+		if err := admin.QueryRow(ctx, `SELECT pid, backend_xid::text FROM pg_stat_activity
+			WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL`).Scan(&pid, &xid); err != nil {
+			t.Errorf("find the held transaction: %v", err)
+			return
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Errorf("crash the server: %v", err)
+			return
+		}
+		var c *pgx.Conn
+		deadline := time.Now().Add(30 * time.Second)
+		for c == nil {
+			if c, err = pgx.Connect(ctx, srv.DSN()); err != nil && time.Now().After(deadline) {
+				t.Errorf("the server did not recover from its crash in 30 s: %v", err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // polls the recovering server under a deadline
+		}
+		defer c.Close(ctx)
+		for { // other transactions take ids until one takes the lost transaction's
+			var id string
+			if err := c.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&id); err != nil {
+				t.Errorf("take a transaction id: %v", err)
+				return
+			}
+			n, _ := strconv.ParseUint(id, 10, 64)
+			x, _ := strconv.ParseUint(xid, 10, 64)
+			if n >= x {
+				reused = n == x
+				return
+			}
+		}
+	}
+	r.mode.Store(relayHoldCommit)
+	err = s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")},
+		&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
+	if r.cuts.Load() != 1 || !reused {
+		t.Fatalf("the relay held %d COMMITs, and the lost transaction's id was taken again: %v; want 1, true: the test does not test",
+			r.cuts.Load(), reused)
+	}
+	if !errors.Is(err, persistence.ErrUnavailable) {
+		t.Errorf("Commit of a transaction a crash lost, whose id another transaction took and committed = %v, want ErrUnavailable", err)
+	}
+	mu.Lock()
+	if len(asked) == 0 || asked[len(asked)-1] != "committed" {
+		t.Errorf("the server answered %q, want 'committed' last (the other transaction's fate): the test does not test", asked)
+	}
+	mu.Unlock()
+	c := mustConn(t, srv.DSN())
+	var stored bool
+	if err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sessions WHERE id = 's1')`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored {
+		t.Error("session s1 stored, want not: the crash lost the transaction")
+	}
+	if n := mustAttempts(t, c, "s0", 1); n != 0 {
+		t.Errorf("attempts of s0/1 = %d, want 0", n)
+	}
+}
+
+// TestKnowsXactsByServerVersion: a commit reads its transaction's id on PostgreSQL 15 or later
+// only, by the version the server reports at a connection's start: a server before 13 lacks
+// pg_current_xact_id_if_assigned and pg_xact_status (its commits' batches would fail), and one
+// before 15 keeps its shared statistics, whose reset time tells its run (serverRun), in the
+// statistics collector's file, which each commit would read.
 func TestKnowsXactsByServerVersion(t *testing.T) {
 	for v, want := range map[string]bool{
 		"15.5 (Debian 15.5-1.pgdg120+1)": true,
-		"13.0":                           true,
+		"15.0":                           true,
 		"16beta1":                        true,
+		"14.10":                          false,
+		"13.0":                           false,
 		"12.17":                          false,
 		"9.6.24":                         false,
 		"":                               false,
