@@ -145,3 +145,61 @@ func (o onLine) Handle(ctx context.Context, r slog.Record) error {
 	}
 	return o.Handler.Handle(ctx, r)
 }
+
+// TestOpenEndedWhileItCatchesUpTheSearchIndexWarnsNothing: an Open whose ctx ends (the
+// daemon's stop) during its catch-up of the search index (here while the catch-up's
+// transaction waits for the write lock another process took just after the migration) logs no
+// warning: the cut pass lost nothing (its rows wait for the next pass: the store's Close, or
+// the next Open), and a stop must log the stop only. Before, it logged "WRN fts index pass
+// failed; messages wait unindexed" with "context canceled" at every such stop. The store
+// opens all the same, and its Close indexes what waits.
+func TestOpenEndedWhileItCatchesUpTheSearchIndexWarnsNothing(t *testing.T) {
+	testutil.BubbleTest(t, 2*time.Minute, "a wait on the store's mutex behind the busy handler's sleep holds the bubble's clock still", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		ms, err := migrations()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustSchemaAt(t, path, ms[len(ms)-1].Version-1).Close()
+
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var unlock func()
+		logs := &testutil.Buffer{}
+		// Once the migration has committed, another process takes the write lock: the
+		// catch-up's BEGIN IMMEDIATE waits for it, in the busy handler.
+		log := slog.New(onLine{slog.NewTextHandler(logs, nil), "schema migrated", func() { unlock = testutil.LockSQLite(t, path) }})
+		type opened struct {
+			s   *Store
+			err error
+		}
+		done := make(chan opened, 1)
+		go func() {
+			s, err := Open(ctx, path, Options{Logger: log})
+			done <- opened{s, err}
+		}()
+		synctest.Wait() // the catch-up waits for the write lock
+		select {
+		case r := <-done:
+			t.Fatalf("Open returned (%v) before it was cut, while another connection held the write lock; log:\n%s", r.err, logs.String())
+		default:
+		}
+		cancel()
+		r := <-done
+		if unlock == nil {
+			t.Fatalf("the migration was not logged: the write lock was never taken; log:\n%s", logs.String())
+		}
+		unlock()
+		if r.err != nil {
+			t.Fatalf("Open cut during its search index catch-up = %v, want a store (the catch-up never stops it)", r.err)
+		}
+		if err := r.s.Close(); err != nil {
+			t.Errorf("Close of the store whose catch-up was cut = %v", err)
+		}
+		for _, alarm := range []string{"level=WARN", "level=ERROR"} {
+			if strings.Contains(logs.String(), alarm) {
+				t.Errorf("an Open cut during its search index catch-up logged a %s line:\n%s", alarm, logs.String())
+			}
+		}
+	})
+}
