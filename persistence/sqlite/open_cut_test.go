@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
 )
 
 // TestOpenEndedWhileItWaitsForTheWriteLockStops: an Open whose ctx ends (the daemon's stop)
@@ -202,4 +203,47 @@ func TestOpenEndedWhileItCatchesUpTheSearchIndexWarnsNothing(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestOpenEndedWhileItChecksThePagesIsNoDamage: an Open whose ctx ends (the daemon's stop)
+// during its check of every page (PRAGMA quick_check; here as it logs the check of a large
+// database) returns ctx's error, which says nothing of a damage: not "the database is
+// corrupt", no Options.Corrupt, no line at WRN or ERR. The database is as it was, and opens.
+func TestOpenEndedWhileItChecksThePagesIsNoDamage(t *testing.T) {
+	defer func(was int64) { largeDatabase = was }(largeDatabase)
+	largeDatabase = 1 // every database's check is logged: the line the cut hangs on
+	path := filepath.Join(t.TempDir(), "agentgate.db")
+	s, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustCommit(t, s, &persistence.SetTitle{SessionID: "s1", Title: "t"})
+	s.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	logs := &testutil.Buffer{}
+	log := slog.New(onLine{slog.NewTextHandler(logs, nil), "checking every page of the database before anything writes to it (PRAGMA quick_check): " +
+		"about a second per GB, more from a cold disk", cancel})
+	corrupt := false
+	s, err = Open(ctx, path, Options{Logger: log, Corrupt: func() { corrupt = true }})
+	if err == nil {
+		s.Close()
+		t.Fatalf("Open cut during its check of the pages returned a store; log:\n%s", logs.String())
+	}
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "corrupt") || errors.Is(err, ErrMigratedThenEnded) {
+		t.Errorf("Open cut during its check of the pages = %v, want ctx's error (context.Canceled), no damage", err)
+	}
+	if corrupt {
+		t.Error("Open cut during its check of the pages called Options.Corrupt")
+	}
+	for _, alarm := range []string{"level=WARN", "level=ERROR"} {
+		if strings.Contains(logs.String(), alarm) {
+			t.Errorf("an Open cut during its check of the pages logged a %s line:\n%s", alarm, logs.String())
+		}
+	}
+	if s, err = Open(t.Context(), path, Options{}); err != nil {
+		t.Fatalf("Open after the cut one = %v", err)
+	}
+	s.Close()
 }

@@ -129,9 +129,11 @@ const defaultReaders = 4
 // ctx ends Open's wait for the write lock that another process holds, which the migration's
 // BEGIN waits for up to the busy timeout of 5 s (TestOpenEndedWhileItWaitsForTheWriteLockStops):
 // Open then returns ctx's error at once, having written nothing. The check of every page before
-// it runs under ctx too (a read: a cut leaves the database as it was). A migration that has
-// begun is not cut by it: it runs to its end, and Open then returns ErrMigratedThenEnded (and
-// ctx's error) without going further.
+// it runs under ctx too (a read: a cut leaves the database as it was, and is ctx's error, no
+// damage: TestOpenEndedWhileItChecksThePagesIsNoDamage), as does the search index catch-up
+// after it (a cut pass logs nothing: TestOpenEndedWhileItCatchesUpTheSearchIndexWarnsNothing;
+// the store opens all the same). A migration that has begun is not cut by it: it runs to its
+// end, and Open then returns ErrMigratedThenEnded (and ctx's error) without going further.
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	syncMode, err := synchronousPragma(opts.Synchronous)
 	if err != nil {
