@@ -421,11 +421,17 @@ func (s *Session) saidInFlight() bool {
 // answered), and the dropped messages (those first, then the queued ones in order), whose
 // senders the caller must tell: nothing is dropped silently. A message whose write is still in
 // flight stays queued, marked dropped: it is set aside with a notice of its own when its write
-// lands (accepted).
+// lands (accepted). One withdrawn whose archive is in flight is marked dropped too: if the store
+// refuses the archive, it is set aside, not queued again (onWithdraw).
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	if r := s.unusual; r != nil {
 		dropped, r.interrupted = r.interrupted, nil // cut short by an interrupt, not answered yet
 		ops = markCut(dropped)
+		for _, it := range r.withdrawals {
+			// Queued until its sender deleted it, its archive in flight: were the archive
+			// refused, it would be queued again, after this command dropped the queue (onWithdraw).
+			it.dropped = true
+		}
 	}
 	cancelled = len(dropped)
 	if r := s.running; r != nil {

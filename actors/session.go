@@ -108,6 +108,10 @@ type rareState struct {
 	// aside are the stored messages to set aside without running them, a page at a time
 	// (aside.go), in order.
 	aside []*storedAside
+	// withdrawals are the messages withdrawn (withdraw.go) whose archives are in flight: a
+	// command that drops the queue meanwhile marks them dropped (stopWork), as they were queued
+	// when it ran, and a refused archive then sets them aside rather than queue them again.
+	withdrawals []*item
 	// dropped are the messages a command dropped while their writes were in flight, stored
 	// since, waiting for the command's write to be answered (setAsideDropped).
 	dropped []droppedItem
@@ -137,7 +141,7 @@ func (s *Session) rare() *rareState {
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
 		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
-		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil && r.held == nil {
+		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil && r.held == nil && len(r.withdrawals) == 0 {
 		s.unusual = nil
 	}
 }
@@ -197,7 +201,7 @@ type item struct {
 	// restarts counts the unclean stops of the daemon while it was its session's head pending
 	// message (persistence.Message.Attempts, raised by Store.BeginRun).
 	restarts  int
-	dropped   bool         // a command dropped it while its write was in flight: set aside when it lands
+	dropped   bool         // a command dropped it while its write (or its withdrawal's archive) was in flight: set aside when it lands
 	inTail    bool         // it waits in the spill's tail (spill.go), not in the queue
 	requester *actor.PID   // waits for DeliverResult; nil after the ack or for recovered items
 	repeats   []*actor.PID // senders of the same message id while its write was in flight

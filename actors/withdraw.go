@@ -97,9 +97,14 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, &WithdrawResult{Error: why}) }
 	ops := []persistence.Op{&persistence.ArchiveMessages{SessionID: it.sessionID, Seqs: []int64{it.seq}}}
+	r := s.rare()
+	r.withdrawals = append(r.withdrawals, it)
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
 		if spilled {
 			delete(sp.withdrawing, it.seq)
+		}
+		if r := s.unusual; r != nil {
+			r.withdrawals = slices.DeleteFunc(r.withdrawals, func(q *item) bool { return q == it })
 		}
 		if err != nil {
 			// The row is still pending in the store: the message goes back in the queue, in
@@ -108,15 +113,22 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 			// review); one begun meanwhile from behind it runs first.
 			switch {
 			case s.fencedOut:
-			case s.cur == nil || s.cur.ID != it.sessionID:
-				// A boundary (/new, a reset) ended its session meanwhile and dropped that
-				// session's queue, which no longer held it: it is dropped as they were (failed,
-				// archived), not run in the new session, nor left pending in the ended one, to
-				// run if it is resumed (TestRefusedWithdrawalAfterANewSessionRunsNothing).
+			case it.dropped || s.cur == nil || s.cur.ID != it.sessionID:
+				// A command that drops the queue (/stop; a boundary, /new or a reset, which
+				// also ends the session; /resume) ran meanwhile (stopWork marked it dropped), or
+				// its session ended: it is dropped as the queue was (failed, archived), not run
+				// after the /stop or in the new session, nor left pending in the ended one, to
+				// run if it is resumed (TestRefusedWithdrawalAfterANewSessionRunsNothing,
+				// TestRefusedWithdrawalAfterAStopRunsNothing).
 				s.writeFor(c, unrunOps(it.sessionID, it.seq), orphaned, func(c actor.Context, err error) {
 					if err != nil {
-						s.logger().Warn("a message its sender deleted, of a session that has ended since, could not be set aside; it stays pending in that session and runs if the session is resumed",
-							"message_id", it.messageID, "session_id", it.sessionID, logging.Err(err))
+						if s.cur != nil && s.cur.ID == it.sessionID {
+							s.logger().Warn("a message its sender deleted, dropped since by a /stop, could not be set aside; it stays pending in the store and runs when the session next loads from it (a restart)",
+								"message_id", it.messageID, "session_id", it.sessionID, logging.Err(err))
+						} else {
+							s.logger().Warn("a message its sender deleted, of a session that has ended since, could not be set aside; it stays pending in that session and runs if the session is resumed",
+								"message_id", it.messageID, "session_id", it.sessionID, logging.Err(err))
+						}
 						c.Send(requester, &WithdrawResult{Error: "the withdrawal could not be stored: " + err.Error()})
 						return
 					}

@@ -404,6 +404,21 @@ func (h *holdRefuseArchive) Commit(ctx context.Context, groups [][]persistence.O
 // and ran there (the deleted message answered after the /new), and a spilled one's row stayed
 // pending in the ended session, to run if it was resumed.
 func TestRefusedWithdrawalAfterANewSessionRunsNothing(t *testing.T) {
+	refusedWithdrawalAfter(t, "/new")
+}
+
+// TestRefusedWithdrawalAfterAStopRunsNothing: as TestRefusedWithdrawalAfterANewSessionRunsNothing,
+// with a /stop, which drops the queue (and cancels the turn) but leaves the session current: the
+// withdrawn message, in memory or spilled, is set aside as the /stop set the queue aside. Before,
+// the refused archive put it back in the queue, behind the /stop, and it ran and was answered.
+func TestRefusedWithdrawalAfterAStopRunsNothing(t *testing.T) {
+	refusedWithdrawalAfter(t, "/stop")
+}
+
+// refusedWithdrawalAfter withdraws a message queued in memory (m2), or a spilled one (m4), each
+// in a subtest, holds its archive while cmd, a command that drops the queue, runs, then refuses
+// the archive, and checks that the message neither runs nor stays pending.
+func refusedWithdrawalAfter(t *testing.T, cmd string) {
 	for _, id := range []string{"m2", "m4"} { // in memory; spilled
 		t.Run(id, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -415,11 +430,11 @@ func TestRefusedWithdrawalAfterANewSessionRunsNothing(t *testing.T) {
 				w.flood(t, 1, 4, 16)
 				withdrawn := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &Withdraw{Source: sourceToProto(w.src), MessageId: id}}, time.Hour)
 				synctest.Wait()
-				n := w.request("n1", "/new")
+				n := w.request("n1", cmd)
 				synctest.Wait()
 				close(store.release)
 				if _, err := n.Result(); err != nil {
-					t.Fatalf("/new: %v", err)
+					t.Fatalf("%s: %v", cmd, err)
 				}
 				if _, err := withdrawn.Result(); err != nil {
 					t.Fatalf("withdrawal of %s: %v", id, err)
@@ -434,7 +449,7 @@ func TestRefusedWithdrawalAfterANewSessionRunsNothing(t *testing.T) {
 					t.Errorf("turns ran %v: the withdrawn %s too", got, id)
 				}
 				if m := w.rowOf(t, id); m.Status == persistence.StatusPending && m.Active {
-					t.Errorf("%s's row = %+v, left pending in the ended session", id, m)
+					t.Errorf("%s's row = %+v, left pending after the %s", id, m, cmd)
 				}
 			})
 		})
