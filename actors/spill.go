@@ -42,6 +42,55 @@ type spill struct {
 	// withdrawing holds the seqs of spilled messages withdrawn (withdraw.go) whose archives are
 	// in flight: pending still in the store, they are not read back.
 	withdrawing map[int64]bool
+	// spooled are the latest (at most maxSpooledIDs) of the spilled messages that joined the
+	// stored range while writes waited in the spool, which the database does not show yet, in
+	// the order they joined: their ids and seqs, for a withdrawal (withdraw.go), which cannot
+	// find them by the store's index. Emptied when the spill is read back: the spool has
+	// drained by then. Memory only: a restart loses it, and loads the session once the spool
+	// has been replayed, when the store's index finds them.
+	spooled []spooledID
+	// forgot counts the messages spooled forgot past maxSpooledIDs since it was last emptied.
+	forgot int
+}
+
+// spooledID is the message id and seq of a spilled message the spool holds (spill.spooled).
+type spooledID struct {
+	id  string
+	seq int64
+}
+
+// maxSpooledIDs bounds spill.spooled: a session keeps the ids of at most the latest 4,096 of
+// its spilled messages while writes wait in the spool (some 200 KiB), the ones their senders
+// are likely to delete; an older one deleted then is not withdrawn, and is answered.
+const maxSpooledIDs = 4096
+
+// noteSpooled remembers it, a spilled message joining the stored range while writes wait in the
+// spool, for its withdrawal.
+func (sp *spill) noteSpooled(it *item) {
+	if it.messageID == "" {
+		return
+	}
+	if len(sp.spooled) >= maxSpooledIDs {
+		sp.spooled[0] = spooledID{}
+		sp.spooled = sp.spooled[1:]
+		sp.forgot++
+	}
+	sp.spooled = append(sp.spooled, spooledID{id: it.messageID, seq: it.seq})
+}
+
+// takeSpooled returns the seq of spilled message id in the spool, and forgets it; 0 when
+// spooled does not hold it, or holds it out of the stored range.
+func (sp *spill) takeSpooled(id string) int64 {
+	for i := len(sp.spooled) - 1; i >= 0; i-- {
+		if e := sp.spooled[i]; e.id == id {
+			sp.spooled = slices.Delete(sp.spooled, i, i+1)
+			if e.seq <= sp.after || e.seq > sp.through || sp.withdrawing[e.seq] {
+				return 0
+			}
+			return e.seq
+		}
+	}
+	return 0
 }
 
 // spilling returns the session's spill, nil when its whole queue is in memory.
@@ -101,6 +150,9 @@ func (s *Session) settle() {
 		}
 		sp.through = max(sp.through, it.seq)
 		sp.stored++
+		if s.d.Spooling.Load() {
+			sp.noteSpooled(it)
+		}
 	}
 	if len(sp.tail) == 0 {
 		sp.tail = nil // (its array still holds the items let go of)
@@ -185,6 +237,9 @@ func (s *Session) readBack(sp *spill, limit int, text bool) error {
 	if err != nil {
 		return err
 	}
+	// Read while no write waits in the spool (refill, unspill): the database holds every
+	// message spooled noted, and a withdrawal finds them there.
+	sp.spooled, sp.forgot = nil, 0
 	passed := 0
 	for i := range rows {
 		sp.after = rows[i].Seq

@@ -3,6 +3,7 @@ package actors
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -24,7 +25,10 @@ import (
 // answer is posted: the user deleted the message. The row stays, so a re-delivery of its id is
 // a duplicate. A message of a queue past its cap that waits in the store only (spill.go: in the
 // spill's tail, or in its stored range, found there by one read of the store's index of
-// inbound ids) is withdrawn the same way; before, it was not, and ran and was answered.
+// inbound ids) is withdrawn the same way; before, it was not, and ran and was answered. While
+// writes wait in the spool the database does not show the spilled messages they hold: the
+// spill remembers their ids (spill.spooled), and the archive follows the message's write in the
+// spool; before, the store's index found nothing, and the message ran and was answered.
 func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 	src := sourceFromProto(m.Source)
 	match := func(it *item) bool {
@@ -58,6 +62,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		return
 	}
 	var it *item
+	fromSpool := false // found among the spilled messages in the spool (spill.spooled), without its text
 	switch {
 	case i >= 0:
 		it = s.queue[i]
@@ -67,14 +72,25 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 		it.inTail = false
 		sp.tail = slices.Delete(sp.tail, tail, tail+1)
 	default:
-		var err error
-		if it, err = s.spilledItem(sp, src, m.MessageId); err != nil || it == nil {
-			r := &WithdrawResult{}
-			if err != nil {
-				r.Error = "the store could not be read for the message: " + err.Error()
+		if seq := sp.takeSpooled(m.MessageId); seq > 0 && s.cur != nil && s.cur.ID == sp.sessionID {
+			// Its write waits in the spool, which the database does not show yet: its archive
+			// follows it there, and is replayed after it.
+			fromSpool = true
+			it = &item{seq: seq, sessionID: sp.sessionID, src: s.sourceOf(s.cur), messageID: m.MessageId, durable: true}
+			it.src.UserID, it.src.UserName = src.UserID, src.UserName
+		} else {
+			var err error
+			if it, err = s.spilledItem(sp, src, m.MessageId); err != nil || it == nil {
+				r := &WithdrawResult{}
+				switch {
+				case err != nil:
+					r.Error = "the store could not be read for the message: " + err.Error()
+				case sp.forgot > 0 && s.d.Spooling.Load():
+					r.Error = fmt.Sprintf("it may be one of the %d oldest messages past the queue's cap whose writes wait in the spool, which the session no longer remembers (it keeps the latest %d)", sp.forgot, maxSpooledIDs)
+				}
+				c.Respond(r)
+				return
 			}
-			c.Respond(r)
-			return
 		}
 		sp.stored = max(0, sp.stored-1)
 		// A message whose write's answer was lost (rememberUnsure) is this one: withdrawn, it
@@ -135,6 +151,9 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 					c.Send(requester, &WithdrawResult{Withdrawn: true})
 				})
 				return
+			case fromSpool:
+				s.unwithdrawSpooled(it)
+				s.tryStart(c)
 			case spilled:
 				// Where its seq puts it now: in memory if the spill was read back past it,
 				// else among the spilled messages (queueAdopted).
@@ -174,4 +193,30 @@ func (s *Session) spilledItem(sp *spill, src identity.Source, id string) (*item,
 		return nil, nil
 	}
 	return s.storedItem(row), nil
+}
+
+// unwithdrawSpooled puts it, a spilled message found in the spool (spill.spooled) whose
+// withdrawal's archive the store refused, back where its seq puts it: among the spilled
+// messages, still to be read back with its text, and remembered again while writes wait in the
+// spool; or, if the spill was read back past it meanwhile (the spool drained: the database
+// holds it now), in memory, read from the store for its text. If that read fails it stays
+// pending in the store, and runs when the session next loads from it.
+func (s *Session) unwithdrawSpooled(it *item) {
+	if sp := s.spilling(); sp != nil && it.seq > sp.after && it.seq <= sp.through {
+		sp.stored++
+		if s.d.Spooling.Load() {
+			sp.noteSpooled(it)
+		}
+		return
+	}
+	row, err := s.findStored(it.src, it.messageID)
+	if err == nil && (row.SessionID != it.sessionID || row.Seq != it.seq || row.Status != persistence.StatusPending || !row.Active || row.Archived) {
+		return // not pending there: nothing to run
+	}
+	if err != nil {
+		s.logger().Warn("a message its sender deleted, whose withdrawal the store refused, could not be read back to run in its place; it stays pending in the store and runs when the session next loads from it (a restart)",
+			"message_id", it.messageID, "seq", it.seq, logging.Err(err))
+		return
+	}
+	s.queueInPlace(s.storedItem(row))
 }

@@ -2,16 +2,19 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -450,6 +453,146 @@ func refusedWithdrawalAfter(t *testing.T, cmd string) {
 				}
 				if m := w.rowOf(t, id); m.Status == persistence.StatusPending && m.Active {
 					t.Errorf("%s's row = %+v, left pending after the %s", id, m, cmd)
+				}
+			})
+		})
+	}
+}
+
+// spoolWorld is a world whose persistence actor spools the writes out refuses (out.Down) in
+// dir/spool, and replays them every second, with a queue cap of 2. A spool left by an earlier
+// world is replayed before any session loads, as the daemon's start waits for it
+// (supervisor's awaitReplay): the world starts spooling, or its manager's first sweep could
+// load a session before the persistence actor, started at the same time, sets the flag.
+// It returns the world and how many batches the spool held when it opened.
+func spoolWorld(t *testing.T, dir string, out *storetest.Outage, a agents.Agent) (*managerWorld, int) {
+	t.Helper()
+	return spoolWorldThrough(t, dir, out, a, nil)
+}
+
+// spoolWorldThrough is spoolWorld whose spool is wrap's (one that fails on cue), when wrap is
+// not nil.
+func spoolWorldThrough(t *testing.T, dir string, out *storetest.Outage, a agents.Agent, wrap func(persistence.Spooler) persistence.Spooler) (*managerWorld, int) {
+	t.Helper()
+	opened, err := spool.Open(filepath.Join(dir, "spool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := opened.Len() // (read before the persistence actor, which owns the spool, starts)
+	var sp persistence.Spooler = opened
+	if wrap != nil {
+		sp = wrap(sp)
+	}
+	var deps *Deps
+	return newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), a,
+		func(d *Deps) { deps, d.Config.QueueCap = d, 2; d.Spooling.Store(left > 0) },
+		out.Wrap,
+		func(o *persistence.ActorOptions) {
+			o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
+		}), left
+}
+
+// fullSpool is a spool whose appends fail (its disk full) while full is set.
+type fullSpool struct {
+	persistence.Spooler
+	full atomic.Bool
+}
+
+func (f *fullSpool) Append(groups [][]persistence.Op) (string, error) {
+	if f.full.Load() {
+		return "", errors.New("write spool batch: no space left on device (test)")
+	}
+	return f.Spooler.Append(groups)
+}
+
+// TestRefusedWithdrawalOfASpilledMessageInTheSpoolRunsIt: while writes wait in the spool, a
+// spilled message whose withdrawal's archive is refused (the spool's disk full too) is put back
+// among the spilled messages: it runs in its place once the spool is replayed, once; and the
+// withdrawal of another, once the spool takes writes again, withdraws it.
+func TestRefusedWithdrawalOfASpilledMessageInTheSpoolRunsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		full := &fullSpool{}
+		a := newRequeueAgent()
+		w, _ := spoolWorldThrough(t, t.TempDir(), out, a, func(s persistence.Spooler) persistence.Spooler { full.Spooler = s; return full })
+		w.deliver(t, "m0", "hold")
+		ids := w.flood(t, 1, 2, 10)
+		out.Down.Store(true)
+		ids = append(ids, w.flood(t, 3, 10, 10)...)
+		full.full.Store(true)
+		if r := w.withdraw(t, "m6"); r.Withdrawn || r.Error == "" {
+			t.Fatalf("withdrawal of m6 whose archive is refused = %+v, want not withdrawn, with the error", r)
+		}
+		full.full.Store(false)
+		if r := w.withdraw(t, "m7"); !r.Withdrawn || r.Error != "" {
+			t.Fatalf("withdrawal of m7 = %+v, want withdrawn", r)
+		}
+		close(a.hold)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		out.Down.Store(false)
+		want := append([]string{"m0"}, slices.DeleteFunc(ids, func(id string) bool { return id == "m7" })...)
+		w.awaitTurnEndsWithin(t, len(want), time.Minute)
+		synctest.Wait()
+		if got := a.order(); !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want %v: m6 in its place, not m7", got, want)
+		}
+	})
+}
+
+// TestDeletedSpilledMessageInTheSpoolIsWithdrawn: while the database fails and writes wait in
+// the spool, a message past the queue's cap (spilled) that its sender deletes is withdrawn,
+// although the database does not hold it yet: its archive follows its write in the spool, and
+// once the spool is replayed it does not run, nor after a restart that replays the spool. Before,
+// the withdrawal looked for it in the database only, found nothing, and it ran and was answered.
+func TestDeletedSpilledMessageInTheSpoolIsWithdrawn(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprint("restart=", restart), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &storetest.Outage{}
+				a := newRequeueAgent()
+				w, _ := spoolWorld(t, dir, out, a)
+				w.deliver(t, "m0", "hold")
+				ids := w.flood(t, 1, 2, 10)
+				out.Down.Store(true)
+				ids = append(ids, w.flood(t, 3, 10, 10)...)
+				if r := w.withdraw(t, "m6"); !r.Withdrawn || r.Error != "" {
+					t.Fatalf("withdrawal of m6, spilled and in the spool = %+v, want withdrawn", r)
+				}
+				if r := w.withdraw(t, "m6"); r.Withdrawn || r.Error != "" {
+					t.Errorf("second withdrawal of m6 = %+v, want nothing to withdraw", r)
+				}
+				ids = slices.DeleteFunc(ids, func(id string) bool { return id == "m6" })
+				if r := w.deliver(t, "m11", "m11"); r.Disposition != platforms.Queued || int(r.QueueDepth) != len(ids)+1 {
+					t.Errorf("m11: %s, queue depth %d; want queued, depth %d: not counting m6", r.Disposition, r.QueueDepth, len(ids)+1)
+				}
+				ids = append(ids, "m11")
+				want := append([]string{"m0"}, ids...)
+				if restart {
+					w.stop() // m0's turn is cut short: it runs again
+					synctest.Wait()
+					out.Down.Store(false)
+					a = newRequeueAgent()
+					close(a.hold)
+					var left int
+					if w, left = spoolWorld(t, dir, out, a); left == 0 {
+						t.Fatal("the spool was empty at the restart: the test does not test")
+					}
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+				} else {
+					close(a.hold)
+					time.Sleep(10 * time.Second)
+					synctest.Wait()
+					out.Down.Store(false)
+				}
+				w.awaitTurnEndsWithin(t, len(want), time.Minute)
+				synctest.Wait()
+				if got := a.order(); !slices.Equal(got, want) {
+					t.Errorf("turns ran %v, want %v: not the withdrawn m6", got, want)
+				}
+				if m := w.rowOf(t, "m6"); m.Active || !m.Archived || m.Status != persistence.StatusPending {
+					t.Errorf("m6's row = %+v, want archived unrun", m)
 				}
 			})
 		})
