@@ -173,7 +173,8 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // or the answer says the session stopped before it stored the message or reset
 // (ErrCodeStopped: its member is leaving). A reset sent again after an attempt with no answer, or answered stopped, says so
 // (ResetSession.Retry), with when the first attempt went out, so that the session does not
-// reset twice.
+// reset twice. An Unsupported answer (the key's member runs an older version, which does not
+// know the request) ends it at once with a *platforms.OutdatedMemberError: nothing was done.
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -211,6 +212,12 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			res, err := r.await(ctx, r.c.ActorSystem.Root.RequestFuture(pid, msg, min(remaining, clusterAttemptTimeout)), pid, member)
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if _, ok := res.(*Unsupported); ok && err == nil {
+				// The key's member runs an older version, which does not know the request:
+				// nothing was done, and no other attempt does better until it is upgraded.
+				_, err = answerOf(res)
+				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
 			}
 			if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
 				stopped, err = dr, errors.New(dr.Error)

@@ -5,7 +5,8 @@
 // The actors, with their parents and the messages they handle:
 //
 //   - SessionManager (top level, "sessions"): Routed, Drain, ListActive, Leave, Forward (from a
-//     leaving member's manager), and from its sessions
+//     leaving member's manager; one of a kind it does not know, from a newer member, is
+//     answered Unsupported), and from its sessions
 //     passivate, busyChanged, stopped, SessionState (a session started while its member leaves
 //     has loaded), and its own idleSweep tick. Routes by session key, spawns sessions on demand, stops
 //     idle ones, supervises them one for one with a restart budget, and re-activates sessions

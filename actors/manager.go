@@ -145,6 +145,9 @@ type SessionManager struct {
 	handOnRetries       map[string]scheduler.CancelFunc
 	resetHandOnFails    logging.Limiter
 	resetHandOnsGivenUp logging.Limiter
+	// unsupported limits the line of a forwarded request of a kind this version does not know
+	// (answerUnsupported).
+	unsupported logging.Limiter
 	// afterRestart holds the keys whose filed reset a restarted manager hands on once the
 	// members that waited for its incarnation before have asked again (handOnFiledResets).
 	afterRestart map[string]bool
@@ -316,7 +319,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.refusedLines.Flush()
 		m.d.commandRefusals.Flush()
 		m.unreachableHolders.Flush()
-		logging.FlushAll(&m.overBound, &m.holderFails, &m.leftRecovers, &m.bouncedRecovers, &m.resetHandOnFails, &m.resetHandOnsGivenUp)
+		logging.FlushAll(&m.overBound, &m.holderFails, &m.leftRecovers, &m.bouncedRecovers, &m.resetHandOnFails, &m.resetHandOnsGivenUp, &m.unsupported)
 		m.d.flushLines()
 	case *Routed:
 		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
@@ -1686,7 +1689,9 @@ func crossesMembers(msg any) bool {
 	return false
 }
 
-// onForward routes a message a leaving member forwarded here as the key's grain would have.
+// onForward routes a message another member forwarded here (a leaving member's hand-over, a
+// request for the key's holder) as the key's grain would have. One of a kind this version does
+// not know is answered Unsupported (answerUnsupported).
 func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 	var msg any
 	switch x := f.Msg.(type) {
@@ -1706,6 +1711,9 @@ func (m *SessionManager) onForward(c actor.Context, f *Forward) {
 		m.recover(c, f.Key, f.Hops)
 		return
 	default:
+		// A kind of message a later version added (a rolling upgrade is under way): answered
+		// at once, so that its requester does not wait out its timeout for nothing.
+		m.answerUnsupported(c, f)
 		return
 	}
 	m.route(c, f.Key, routed{msg: msg, sender: c.Sender(), hops: f.Hops, toHolder: f.ToHolder})

@@ -1286,7 +1286,10 @@ func (x *Peek) GetKey() string {
 }
 
 // Forward hands a session message to the SessionManager of another member, which routes it as
-// the key's grain would have (a reply goes to the original sender). A leaving member's manager
+// the key's grain would have (a reply goes to the original sender). A kind of message added
+// to it later takes a new field of msg, never a new number for an old one: a member that does
+// not know the field (an older one, during a rolling upgrade) reads msg as unset and, from the
+// version that added Unsupported on, answers Unsupported (SessionManager.onForward). A leaving member's manager
 // sends it to the member that takes the key over, for every key of which it runs no turn
 // (SessionManager, Leave); hops counts the members that forwarded it, so that two members
 // that leave at once and see each other as the successor do not pass it back and forth.
@@ -1654,6 +1657,81 @@ func (x *Released) GetActivation() uint64 {
 	return 0
 }
 
+// Unsupported answers a request of a kind the answering member does not know: a Forward whose
+// msg is a field added in a later version, which a newer member forwarded to this one (the key's
+// holder or owner) during a rolling upgrade. Nothing was done. Before, such a Forward got no
+// answer, and its requester waited out its timeout and said the answer was lost ("it may have
+// requeued"). Only a member newer than the answering one sends such a request, so it knows this
+// answer. version is the answering member's build (buildinfo.Version), address its cluster
+// address, node its node name; request says what it did not know ("Forward field 11").
+type Unsupported struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Request       string                 `protobuf:"bytes,4,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Unsupported) Reset() {
+	*x = Unsupported{}
+	mi := &file_actors_messages_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Unsupported) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Unsupported) ProtoMessage() {}
+
+func (x *Unsupported) ProtoReflect() protoreflect.Message {
+	mi := &file_actors_messages_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Unsupported.ProtoReflect.Descriptor instead.
+func (*Unsupported) Descriptor() ([]byte, []int) {
+	return file_actors_messages_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Unsupported) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Unsupported) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Unsupported) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Unsupported) GetRequest() string {
+	if x != nil {
+		return x.Request
+	}
+	return ""
+}
+
 var File_actors_messages_proto protoreflect.FileDescriptor
 
 const file_actors_messages_proto_rawDesc = "" +
@@ -1805,7 +1883,12 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\aholding\x18\x04 \x01(\bR\aholding\x12\x1e\n" +
 	"\n" +
 	"activation\x18\x05 \x01(\x04R\n" +
-	"activationB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"activation\"o\n" +
+	"\vUnsupported\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x18\n" +
+	"\arequest\x18\x04 \x01(\tR\arequestB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once
@@ -1819,7 +1902,7 @@ func file_actors_messages_proto_rawDescGZIP() []byte {
 	return file_actors_messages_proto_rawDescData
 }
 
-var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_actors_messages_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_actors_messages_proto_goTypes = []any{
 	(*Source)(nil),          // 0: agentgate.actors.v1.Source
 	(*Deliver)(nil),         // 1: agentgate.actors.v1.Deliver
@@ -1840,6 +1923,7 @@ var file_actors_messages_proto_goTypes = []any{
 	(*Forward)(nil),         // 16: agentgate.actors.v1.Forward
 	(*Release)(nil),         // 17: agentgate.actors.v1.Release
 	(*Released)(nil),        // 18: agentgate.actors.v1.Released
+	(*Unsupported)(nil),     // 19: agentgate.actors.v1.Unsupported
 }
 var file_actors_messages_proto_depIdxs = []int32{
 	0,  // 0: agentgate.actors.v1.Deliver.source:type_name -> agentgate.actors.v1.Source
@@ -1880,7 +1964,7 @@ func file_actors_messages_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_actors_messages_proto_rawDesc), len(file_actors_messages_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

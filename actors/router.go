@@ -69,6 +69,9 @@ func (r *LocalRouter) Request(ctx context.Context, key string, msg any) (any, er
 	res, err := Await(ctx, f)
 	switch {
 	case err == nil:
+		if res, err = answerOf(res); err != nil { // (only a member of a cluster answers so)
+			return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
+		}
 		return res, nil
 	case ctx.Err() != nil:
 		return nil, ctx.Err()

@@ -10,6 +10,7 @@ package platforms
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -222,6 +223,23 @@ var (
 	// another sender, or with another text (Inbound.StrictID). Nothing was stored.
 	ErrReused = errors.New("platforms: message id already used in this chat for another message")
 )
+
+// OutdatedMemberError is the error of a request that the cluster member holding its session
+// did not know: that member runs an older agentgate (a rolling upgrade is under way), which
+// answered that it does not know the request (actors.Unsupported). Nothing was done; it can be
+// done once that member is upgraded. The HTTP API answers it 503 member_outdated.
+type OutdatedMemberError struct {
+	Address string // the member's cluster address
+	Node    string // its node name
+	Version string // its build (agentgate version)
+	Request string // what it did not know ("Forward field 11")
+}
+
+// Error says which member did not know the request, and what to do.
+func (e *OutdatedMemberError) Error() string {
+	return fmt.Sprintf("the cluster member that holds the session (%s, node %s) runs an older agentgate (%s), which does not know this request (%s): nothing was done; upgrade it (finish the rolling upgrade) and try again",
+		e.Address, e.Node, e.Version, e.Request)
+}
 
 // ErrUndeliverable is wrapped by a Send error when the platform refused the message for good:
 // the chat is gone, the bot may not post there, the user does not take messages from it.

@@ -196,7 +196,10 @@ func (a *sessionsAPI) Reset(ctx context.Context, key string) (*httpplatform.Sess
 	if err != nil {
 		return nil, fmt.Errorf("reset session: %w", notTaken(err))
 	}
-	r := res.(*actors.ResetResult)
+	r, ok := res.(*actors.ResetResult)
+	if !ok {
+		return nil, fmt.Errorf("reset session: the session answered %T", res)
+	}
 	switch {
 	case r.ErrorCode == actors.ErrCodeUnavailable, r.ErrorCode == actors.ErrCodeStopped:
 		// The store refused it, or the session stopped before its write was answered (the

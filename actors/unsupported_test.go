@@ -1,0 +1,119 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/buildinfo"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// forwardFromANewerMember is a Forward of key as this version reads one that a newer member
+// sent with a kind of message added after this version: its msg is field 11 (an unknown field
+// here), so it reads as unset.
+func forwardFromANewerMember(t *testing.T, key string) *Forward {
+	t.Helper()
+	b, err := proto.Marshal(&Forward{Key: key, Hops: 1, ToHolder: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The newer kind's message: a field of its own (1: a message id).
+	inner := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "m-42")
+	b = protowire.AppendBytes(protowire.AppendTag(b, 11, protowire.BytesType), inner)
+	var f Forward
+	if err := proto.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	if f.Msg != nil || f.Key != key {
+		t.Fatalf("read %v, want key %s and no msg", &f, key)
+	}
+	return &f
+}
+
+// TestForwardOfAnUnknownKindIsAnsweredUnsupported: a member that takes a request whose key
+// another, older member holds (or owns, or takes over) forwards it to that member's manager in
+// a Forward; a request of a kind added since is a field of Forward's msg that the older member
+// does not know. Its manager answers Unsupported at once, naming its version, address and node
+// and what it did not know, does nothing (no session starts), and says so at WRN once a minute
+// at most, with what to do. Before, it dropped the Forward unanswered, and the requester waited
+// out its timeout and said its answer was lost, "it may have requeued", though nothing was done.
+// The router turns the answer into a platforms.OutdatedMemberError (answerOf), which the HTTP
+// API answers 503 member_outdated (platforms/http's TestOutdatedMemberIsAnswered503MemberOutdated).
+func TestForwardOfAnUnknownKindIsAnsweredUnsupported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		ran := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			t.Error("a turn ran")
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, ran, func(d *Deps) {
+			d.Node, d.Clustered = "member-b", true
+			d.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+
+		for i := range 2 {
+			res, err := w.system.Root.RequestFuture(w.manager, forwardFromANewerMember(t, w.key), time.Minute).Result()
+			if err != nil {
+				t.Fatalf("request %d: %v, want an answer at once", i+1, err)
+			}
+			u, ok := res.(*Unsupported)
+			if !ok {
+				t.Fatalf("request %d answered %T %v, want Unsupported", i+1, res, res)
+			}
+			want := &Unsupported{Version: buildinfo.Version(), Address: w.system.Address(), Node: "member-b", Request: "Forward field 11"}
+			if !proto.Equal(u, want) {
+				t.Errorf("request %d answered %v, want %v", i+1, u, want)
+			}
+			_, err = answerOf(res)
+			oe, ok := errors.AsType[*platforms.OutdatedMemberError](err)
+			if !ok {
+				t.Fatalf("answerOf(%v) = %v, want an OutdatedMemberError", res, err)
+			}
+			if oe.Address != want.Address || oe.Version != want.Version || oe.Node != "member-b" ||
+				!strings.Contains(err.Error(), "upgrade it") {
+				t.Errorf("answerOf(%v) = %+v (%q), want the member's address, version and node, and to upgrade it", res, oe, err)
+			}
+		}
+		// One without a sender is only logged (held back: the first's line is a minute old at most).
+		w.system.Root.Send(w.manager, forwardFromANewerMember(t, w.key))
+		synctest.Wait()
+
+		if keys := w.active(t); len(keys) != 0 {
+			t.Errorf("sessions %v started, want none: nothing is done", keys)
+		}
+		lines := strings.Count(logs.String(), "level=WARN msg=\"another cluster member forwarded a request of a kind this agentgate does not know")
+		if lines != 1 || !strings.Contains(logs.String(), "upgrade this member (finish the rolling upgrade)") ||
+			!strings.Contains(logs.String(), "request=\"Forward field 11\"") {
+			t.Errorf("%d WRN lines, want 1 that names the request and says to upgrade this member; log:\n%s", lines, logs.String())
+		}
+	})
+}
+
+// TestUnknownFieldsNamesThem: unknownFields names each unknown field's number.
+func TestUnknownFieldsNamesThem(t *testing.T) {
+	two := protowire.AppendVarint(protowire.AppendTag(nil, 11, protowire.VarintType), 1)
+	two = protowire.AppendVarint(protowire.AppendTag(two, 12, protowire.VarintType), 1)
+	for _, c := range []struct {
+		unknown []byte
+		want    string
+	}{
+		{nil, "Forward with no message"},
+		{two[:2], "Forward field 11"},
+		{two, "Forward fields 11, 12"},
+		{[]byte{0xff}, "Forward with no message"}, // not a field: nothing to name
+	} {
+		if got := unknownFields("Forward", c.unknown); got != c.want {
+			t.Errorf("unknownFields(%x) = %q, want %q", c.unknown, got, c.want)
+		}
+	}
+}
