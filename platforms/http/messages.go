@@ -184,6 +184,10 @@ func cancelAtStop(ctx context.Context, stop <-chan struct{}) (context.Context, c
 }
 
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
+	if oe, ok := errors.AsType[*platforms.OutdatedMemberError](err); ok {
+		writeOutdated(w, oe, in.MessageID)
+		return
+	}
 	switch {
 	case errors.Is(err, platforms.ErrDraining):
 		p.writeDraining(w, "agentgate is draining and accepts no new messages", in.MessageID)

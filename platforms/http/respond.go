@@ -11,6 +11,7 @@ import (
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms"
 )
 
 // Error codes of the HTTP API, the "code" of every error body.
@@ -46,6 +47,7 @@ const (
 	CodeMisdirected       = "misdirected"
 	CodeNotQuarantined    = "not_quarantined"
 	CodeSessionEnded      = "session_ended"
+	CodeMemberOutdated    = "member_outdated" // the cluster member holding the session runs an older agentgate (platforms.OutdatedMemberError)
 	CodeInternal          = "internal"
 )
 
@@ -144,6 +146,10 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		writeError(w, status, re.Code, re.Message)
 		return
 	}
+	if oe, ok := errors.AsType[*platforms.OutdatedMemberError](err); ok {
+		writeOutdated(w, oe, "")
+		return
+	}
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
 		// The key has no session (a transcript's ?session_id= that names none of the key's is
@@ -178,4 +184,15 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 		p.log.Error("session query failed", "op", op, "session", r.PathValue("key"), logging.Err(err))
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
 	}
+}
+
+// writeOutdated answers 503 member_outdated: the cluster member that holds the request's
+// session runs an older agentgate, which does not know the request, and nothing was done. The
+// message names the member and its version and says to upgrade it. No Retry-After: it is
+// answered so until that member is upgraded. messageID, when not empty, is the id of the
+// message POSTed (ErrorResponse). Before, the request got no answer from that member, and
+// was answered as one that timed out, which may have been done
+// (TestOutdatedMemberIsAnswered503MemberOutdated).
+func writeOutdated(w http.ResponseWriter, oe *platforms.OutdatedMemberError, messageID string) {
+	writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeMemberOutdated, Message: oe.Error()}, MessageID: messageID})
 }
