@@ -63,6 +63,13 @@ var errAnswerLost = errors.New("the answer was lost")
 // "it may have reset the session" (a walkthrough).
 var errStopping = errors.New("is stopping and did not take the request: nothing was changed")
 
+// errMemberOutdated is the error of an admin request that the cluster member holding the
+// session did not know (503 member_outdated): that member runs an older agentgate, during a
+// rolling upgrade, and did nothing. Any member hands the request to the same one, so no other is
+// asked. Before, that member dropped it, and the command said the answer was lost ("it may
+// have reset the session") after the daemon's whole wait.
+var errMemberOutdated = errors.New("the member holding the session runs an older agentgate; upgrade it (nothing was changed)")
+
 // resetTimeout bounds one reset request: the daemon cancels a running turn and stores the reset.
 // (A variable for tests.)
 var resetTimeout = 30 * time.Second
@@ -332,6 +339,9 @@ func daemonPost(ctx context.Context, cfg *config.Config, addr, run, path, what s
 		// The daemon answers draining only for a request that reached no session (its other
 		// failures while it stops are 503 unavailable: they may have been done).
 		return nil, fmt.Errorf("the %s at %s %w", noun, addr, errStopping)
+	case resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == httpplatform.CodeMemberOutdated:
+		// An answer, not one lost: the member holding the session did not know the request.
+		return nil, fmt.Errorf("%w: the %s at %s said: %s", errMemberOutdated, noun, addr, a.msg)
 	case resp.StatusCode >= 500:
 		// The daemon answers 503 when its own request to the session was cancelled or timed
 		// out, and 500 when the session did not answer in time or its state could not be read

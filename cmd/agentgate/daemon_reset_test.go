@@ -750,6 +750,10 @@ func noSuchRoute(w http.ResponseWriter, r *http.Request) {
 	w.Write([]byte(`{"error":{"code":"not_found","message":"no such route"}}`))
 }
 
+// outdatedMessage is a member's message of a 503 member_outdated (platforms.OutdatedMemberError).
+const outdatedMessage = "the cluster member that holds the session (10.0.0.7:6340, node b/r_1) runs an older agentgate (v1.8.0 go1.26.8), " +
+	"which does not know this request (Forward field 11): nothing was done; upgrade it (finish the rolling upgrade) and try again"
+
 // upgradedMember stands in for a member that knows the admin routes: it resets the session
 // (200) and queues a requeued message (202), and counts the requests.
 func upgradedMember(t *testing.T) (*httptest.Server, *atomic.Int32) {
@@ -860,9 +864,11 @@ func TestResetAndRequeueThroughMembersThatAllLackTheRoute(t *testing.T) {
 }
 
 // TestResetAndRequeueThroughAMemberThatRefuses: a member that knows the route but refuses the
-// request (a key no session has, a message that is not quarantined) answered for the cluster:
-// the command ends with its refusal and asks no other member, as before; only a route it does
-// not know sends the command on.
+// request (a key no session has, a message that is not quarantined, 503 member_outdated: the
+// member holding the session runs an older agentgate) answered for the cluster: the command
+// ends with its refusal and asks no other member, as before; only a route it does not know
+// sends the command on. A member_outdated is said as such, nothing changed; before, that member
+// gave no answer, and the command said the answer was lost ("it may have reset the session").
 func TestResetAndRequeueThroughAMemberThatRefuses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL")
@@ -884,6 +890,12 @@ func TestResetAndRequeueThroughAMemberThatRefuses(t *testing.T) {
 		{"requeue not_quarantined", "requeue", 409, "not_quarantined", "message m1 is not quarantined",
 			"sessions requeue: message m1 is not quarantined, so nothing was requeued; agentgate sessions show " + keyA +
 				" lists the key's last messages with their status, agentgate sessions quarantined the quarantined ones, which a requeue runs"},
+		// The member holding the session runs an older agentgate, which did not know the
+		// request: every member hands it there, and nothing was changed (not "it may have …").
+		{"reset member_outdated", "reset", 503, "member_outdated", outdatedMessage,
+			"reset " + keyA + ": the member holding the session runs an older agentgate; upgrade it (nothing was changed): the member at ADDR said: " + outdatedMessage},
+		{"requeue member_outdated", "requeue", 503, "member_outdated", outdatedMessage,
+			"requeue m1 of " + keyA + ": the member holding the session runs an older agentgate; upgrade it (nothing was changed): the member at ADDR said: " + outdatedMessage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			refusing := daemonServer(t, testRun, func(w http.ResponseWriter, r *http.Request) {
@@ -898,8 +910,9 @@ func TestResetAndRequeueThroughAMemberThatRefuses(t *testing.T) {
 				args = append(args, "m1")
 			}
 			out, _, err := runSessions(t, args...)
-			if err == nil || err.Error() != tc.want || out != "" {
-				t.Errorf("sessions %s: %v (stdout %q), want %q", tc.args, err, out, tc.want)
+			want := strings.ReplaceAll(tc.want, "ADDR", refusing.Listener.Addr().String())
+			if err == nil || err.Error() != want || out != "" {
+				t.Errorf("sessions %s: %v (stdout %q), want %q", tc.args, err, out, want)
 			}
 			if n := asked.Load(); n != 0 {
 				t.Errorf("the other member was asked too (%d requests)", n)
