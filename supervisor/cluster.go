@@ -66,7 +66,7 @@ func (d *Daemon) startCluster(stop <-chan struct{}) (err error) {
 	}
 	d.peers = newPeers()
 	ropts = append(ropts, func(c *remote.Config) {
-		c.ServerOptions = append(c.ServerOptions, grpc.StatsHandler(d.peers))
+		c.ServerOptions = append(c.ServerOptions, grpc.StatsHandler(d.peers), recoverStreams(d.log.With("component", "cluster"), &d.unreadable))
 	})
 	if d.members == nil {
 		return errors.New("cluster: the store keeps no cluster membership (store.driver must be postgres)")

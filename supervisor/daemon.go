@@ -156,6 +156,7 @@ type Daemon struct {
 	members    memberStore      // the store's membership registry (PostgreSQL)
 	membership *storeMembership // this member's registration in it
 	peers      *peers           // the other members' connections to this one
+	unreadable logging.Limiter  // recoverStreams' line: a peer's message this member cannot read
 	endpoints  *endpointGuard   // keeps the remote's stop from panicking (remote_guard.go)
 	fatal      chan error       // receives why the daemon must stop on its own (see Fatal)
 	stopping   atomic.Bool      // Stop has begun
@@ -679,6 +680,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	d.events.close()
 	if d.cluster != nil {
 		d.leaveCluster(ctx) // it shuts the actor system down
+		d.unreadable.Flush()
 	} else {
 		d.system.Shutdown()
 	}
