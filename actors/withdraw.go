@@ -80,12 +80,18 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 			it.src.UserID, it.src.UserName = src.UserID, src.UserName
 		} else {
 			var err error
-			if it, err = s.spilledItem(sp, src, m.MessageId); err != nil || it == nil {
+			var found bool
+			if it, found, err = s.spilledItem(sp, src, m.MessageId); err != nil || it == nil {
 				r := &WithdrawResult{}
 				switch {
 				case err != nil:
 					r.Error = "the store could not be read for the message: " + err.Error()
-				case sp.forgot > 0 && s.d.Spooling.Load():
+				case !found && sp.forgot > 0 && s.d.Spooling.Load():
+					// Not in the database: perhaps in the spool, among those spooled forgot. One
+					// the database holds outside the spilled messages (its turn running, or
+					// answered) is nothing to withdraw, as without a spool: before, it got this
+					// error too, and the platform warned that it was not withdrawn
+					// (TestDeletedRunningMessageWhileTheSpoolHoldsMoreThanItRemembersIsNoError).
 					r.Error = fmt.Sprintf("it may be one of the %d oldest messages past the queue's cap whose writes wait in the spool, which the session no longer remembers (it keeps the latest %d)", sp.forgot, maxSpooledIDs)
 				}
 				c.Respond(r)
@@ -179,20 +185,21 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 // store (after < seq <= through), by one read of the store's index of inbound ids, and returns
 // its queue item; nil when the store holds it elsewhere (another session's, or this one's
 // outside the range: running, answered, or read back) or not at all. Only this session's, the
-// one that holds the message, is withdrawn.
-func (s *Session) spilledItem(sp *spill, src identity.Source, id string) (*item, error) {
+// one that holds the message, is withdrawn. found reports whether the store holds the message at
+// all.
+func (s *Session) spilledItem(sp *spill, src identity.Source, id string) (it *item, found bool, err error) {
 	row, err := s.findStored(src, id)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if row.SessionID != sp.sessionID || row.Seq <= sp.after || row.Seq > sp.through || sp.withdrawing[row.Seq] ||
 		row.Status != persistence.StatusPending || !row.Active || row.Archived || s.cur == nil || s.cur.ID != sp.sessionID {
-		return nil, nil
+		return nil, true, nil
 	}
-	return s.storedItem(row), nil
+	return s.storedItem(row), true, nil
 }
 
 // unwithdrawSpooled puts it, a spilled message found in the spool (spill.spooled) whose

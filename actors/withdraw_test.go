@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
+	"github.com/asynkron/protoactor-go/actor"
 )
 
 // withdraw routes a Withdraw of message id of the world's chat through the manager, as the
@@ -597,4 +599,41 @@ func TestDeletedSpilledMessageInTheSpoolIsWithdrawn(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestDeletedRunningMessageWhileTheSpoolHoldsMoreThanItRemembersIsNoError: while writes wait in
+// the spool and the session has forgotten the oldest of its spilled messages there (more than
+// maxSpooledIDs), the deletion of a message the store shows outside the spilled ones (its turn
+// running) is no error: nothing to withdraw, as without a spool. One the store does not show
+// (forgotten, in the spool) is the error that says it may be one of the oldest. Before, the
+// running one got that error too, and the platform warned that a message past the queue's cap
+// was not withdrawn.
+func TestDeletedRunningMessageWhileTheSpoolHoldsMoreThanItRemembersIsNoError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		out := &storetest.Outage{}
+		a := newRequeueAgent()
+		w, _ := spoolWorld(t, t.TempDir(), out, a)
+		w.deliver(t, "m0", "hold")
+		w.flood(t, 1, 2, 10)
+		out.Down.Store(true)
+		// Sent at once, written in a few spool batches (the first two spilled are forgotten).
+		var sent []*actor.Future
+		for i := 3; i <= maxSpooledIDs+4; i++ {
+			sent = append(sent, w.request(fmt.Sprint("m", i), "x"))
+		}
+		for i, f := range sent {
+			if r, err := f.Result(); err != nil || r.(*DeliverResult).Disposition != platforms.Queued {
+				t.Fatalf("m%d: %v %v, want queued", i+3, r, err)
+			}
+		}
+		if r := w.withdraw(t, "m0"); r.Withdrawn || r.Error != "" {
+			t.Errorf("withdrawal of m0, running = %+v, want nothing to withdraw, no error", r)
+		}
+		if r := w.withdraw(t, "m3"); r.Withdrawn || !strings.Contains(r.Error, "oldest") {
+			t.Errorf("withdrawal of m3, spilled, in the spool and forgotten = %+v, want the error that says so", r)
+		}
+		if r := w.withdraw(t, "m5"); !r.Withdrawn || r.Error != "" {
+			t.Errorf("withdrawal of m5, spilled, in the spool = %+v, want withdrawn", r)
+		}
+	})
 }
