@@ -122,31 +122,13 @@ func TestSessionsResetThroughAMemberWhoseAnswerIsLost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL")
 	}
-	dsn := pgtest.NewDatabase(t)
-	ctx := context.Background()
-	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
-	t.Setenv("AGENTGATE_STORE_DSN", dsn)
-	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
-	here, _ := os.Hostname() // the members run on this host
+	register := clusterOfMembers(t)
 	for _, c := range takenResets {
 		t.Run(c.name, func(t *testing.T) {
 			other, asked := countingServer(t, testRun)
 			taken := daemonServer(t, testRun, c.handler)
 			t.Cleanup(taken.Close)
-			// The member renewed last is asked first.
-			for i, s := range []*httptest.Server{other, taken} {
-				m := postgres.Member{ID: c.name + string(rune('a'+i)), Host: "127.0.0.1", Port: 6340 + i,
-					Node: here + "/" + testRun, HTTP: s.Listener.Addr().String()}
-				if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { st.Leave(ctx, "agentgate", m.ID) })
-			}
+			register(t, taken, other) // taken is asked first
 			setResetTimeout(t, c.timeout)
 			out, _, err := runSessions(t, "reset", "--data-dir", t.TempDir(), keyA)
 			if n := asked.Load(); n != 0 {
