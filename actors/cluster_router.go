@@ -175,6 +175,13 @@ func (r *ClusterRouter) Tell(key string, msg any) {
 // (ResetSession.Retry), with when the first attempt went out, so that the session does not
 // reset twice. An Unsupported answer (the key's member runs an older version, which does not
 // know the request) ends it at once with a *platforms.OutdatedMemberError: nothing was done.
+// One from the key's holder (Unsupported.to_holder: the key's owner waits for it to let go of
+// the key, and then does the request itself) is sent again as after an answer stopped, until
+// the deadline, which ends it with that error; before, it ended at once, a moment before the
+// owner would have done it. After an attempt that may have done the request (no answer, or
+// answered stopped), an Unsupported answer ends it as such an attempt ends (the stopped answer,
+// or ErrTimeout), never with that error, which says nothing was done; before, it did
+// (TestClusterRouterUnsupportedAnswers).
 func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, error) {
 	if _, ok := msg.(proto.Message); !ok {
 		return nil, fmt.Errorf("request %T to %s: not a protobuf message", msg, key)
@@ -186,8 +193,9 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	sent := time.Now()
 	deadline := sent.Add(timeout)
 	lastErr := errors.New("no member took the session")
-	var stopped any  // the last ErrCodeStopped answer, given if no attempt succeeds
-	reached := false // an attempt may have stored the message: no answer, or stopped
+	var stopped any    // the last ErrCodeStopped answer, given if no attempt succeeds
+	var outdated error // the last Unsupported answer of the key's holder, given if no attempt succeeds
+	reached := false   // an attempt may have stored the message: no answer, or stopped
 	for attempt := 0; ; attempt++ {
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
@@ -213,13 +221,27 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 			if err != nil && ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if _, ok := res.(*Unsupported); ok && err == nil {
-				// The key's member runs an older version, which does not know the request:
-				// nothing was done, and no other attempt does better until it is upgraded.
-				_, err = answerOf(res)
-				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
-			}
-			if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
+			u, unsupported := res.(*Unsupported)
+			unsupported = unsupported && err == nil
+			if unsupported {
+				_, uerr := answerOf(res)
+				uerr = fmt.Errorf("request %T to %s: %w", msg, key, uerr)
+				switch {
+				case u.ToHolder && time.Until(deadline) > retryBackoff(attempt):
+					// The key's holder, which the key's owner asked to let go of it: once it has,
+					// the owner does the request itself. Sent again, as after an answer stopped.
+					outdated, lastErr = uerr, uerr
+					r.log.Debug("cluster router: the session's holder runs an older version, which does not know the request; sending it again",
+						"session", key, "member", u.Address, "attempt", attempt+1)
+				case reached:
+					// An attempt before may have done it: not "nothing was done".
+					return r.unanswered(msg, key, stopped, uerr)
+				default:
+					// The key's member runs an older version, which does not know the request:
+					// nothing was done, and no other attempt does better until it is upgraded.
+					return nil, uerr
+				}
+			} else if dr, ok := res.(*DeliverResult); ok && err == nil && dr.ErrorCode == ErrCodeStopped {
 				stopped, err = dr, errors.New(dr.Error)
 				reached = true // its write may have committed
 				r.log.Debug("cluster router: the session stopped before it stored the message; sending it again",
@@ -239,10 +261,12 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 				!errors.Is(err, remote.ErrTimeout) && !errors.Is(err, remote.ErrDeadLetter) && !errors.Is(err, errMemberLeft) {
 				return nil, fmt.Errorf("request %T to %s: %w", msg, key, err)
 			}
-			r.c.PidCache.RemoveByValue(key, SessionKind, pid)
-			lastErr = err
-			// Unanswered, it may have been done: as after a timeout.
-			reached = reached || errors.Is(err, actor.ErrTimeout) || errors.Is(err, remote.ErrTimeout) || errors.Is(err, errMemberLeft)
+			if !unsupported {
+				r.c.PidCache.RemoveByValue(key, SessionKind, pid)
+				lastErr = err
+				// Unanswered, it may have been done: as after a timeout.
+				reached = reached || errors.Is(err, actor.ErrTimeout) || errors.Is(err, remote.ErrTimeout) || errors.Is(err, errMemberLeft)
+			}
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -256,6 +280,16 @@ func (r *ClusterRouter) Request(ctx context.Context, key string, msg any) (any, 
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	if outdated != nil && !reached {
+		return nil, outdated
+	}
+	return r.unanswered(msg, key, stopped, lastErr)
+}
+
+// unanswered ends a request none of whose attempts was answered for good: with stopped, the
+// last answer stopped, if there was one (its write may have committed), else ErrTimeout
+// (last: lastErr). Either says that the request may have been done.
+func (r *ClusterRouter) unanswered(msg any, key string, stopped any, lastErr error) (any, error) {
 	if stopped != nil {
 		return stopped, nil
 	}

@@ -1664,12 +1664,17 @@ func (x *Released) GetActivation() uint64 {
 // requeued"). Only a member newer than the answering one sends such a request, so it knows this
 // answer. version is the answering member's build (buildinfo.Version), address its cluster
 // address, node its node name; request says what it did not know ("Forward field 11").
+// to_holder says the Forward came to it as the key's holder (Forward.to_holder): the key's
+// owner, which knows the request, waits for it to let go of the key and then does the request
+// itself, so the requester sends it again until its deadline (ClusterRouter.Request); before,
+// the requester gave up at once, a moment before the owner would have done it.
 type Unsupported struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	Request       string                 `protobuf:"bytes,4,opt,name=request,proto3" json:"request,omitempty"`
+	ToHolder      bool                   `protobuf:"varint,5,opt,name=to_holder,json=toHolder,proto3" json:"to_holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1730,6 +1735,13 @@ func (x *Unsupported) GetRequest() string {
 		return x.Request
 	}
 	return ""
+}
+
+func (x *Unsupported) GetToHolder() bool {
+	if x != nil {
+		return x.ToHolder
+	}
+	return false
 }
 
 var File_actors_messages_proto protoreflect.FileDescriptor
@@ -1883,12 +1895,13 @@ const file_actors_messages_proto_rawDesc = "" +
 	"\aholding\x18\x04 \x01(\bR\aholding\x12\x1e\n" +
 	"\n" +
 	"activation\x18\x05 \x01(\x04R\n" +
-	"activation\"o\n" +
+	"activation\"\x8c\x01\n" +
 	"\vUnsupported\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x18\n" +
-	"\arequest\x18\x04 \x01(\tR\arequestB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
+	"\arequest\x18\x04 \x01(\tR\arequest\x12\x1b\n" +
+	"\tto_holder\x18\x05 \x01(\bR\btoHolderB'Z%github.com/agentgate/agentgate/actorsb\x06proto3"
 
 var (
 	file_actors_messages_proto_rawDescOnce sync.Once

@@ -27,7 +27,8 @@ func (m *SessionManager) answerUnsupported(c actor.Context, f *Forward) {
 	args := []any{"session", f.Key, "request", what, "version", buildinfo.Version()}
 	if s := c.Sender(); s != nil {
 		args = append(args, "requester", s.Address)
-		c.Respond(&Unsupported{Version: buildinfo.Version(), Address: c.ActorSystem().Address(), Node: m.d.Node, Request: what})
+		c.Respond(&Unsupported{Version: buildinfo.Version(), Address: c.ActorSystem().Address(), Node: m.d.Node, Request: what,
+			ToHolder: f.ToHolder})
 	}
 	m.unsupported.Log(m.log, slog.LevelWarn, unsupportedLine, args...)
 }

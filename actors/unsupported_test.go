@@ -70,7 +70,7 @@ func TestForwardOfAnUnknownKindIsAnsweredUnsupported(t *testing.T) {
 			if !ok {
 				t.Fatalf("request %d answered %T %v, want Unsupported", i+1, res, res)
 			}
-			want := &Unsupported{Version: buildinfo.Version(), Address: w.system.Address(), Node: "member-b", Request: "Forward field 11"}
+			want := &Unsupported{Version: buildinfo.Version(), Address: w.system.Address(), Node: "member-b", Request: "Forward field 11", ToHolder: true}
 			if !proto.Equal(u, want) {
 				t.Errorf("request %d answered %v, want %v", i+1, u, want)
 			}
