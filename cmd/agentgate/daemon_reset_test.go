@@ -628,25 +628,11 @@ func TestSessionsResetThroughAMemberNamesTheMember(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL")
 	}
-	dsn := pgtest.NewDatabase(t)
-	ctx := context.Background()
-	st, err := postgres.Open(ctx, dsn, postgres.Options{Shared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	t.Setenv("AGENTGATE_STORE_DRIVER", "postgres")
-	t.Setenv("AGENTGATE_STORE_DSN", dsn)
-	t.Setenv("AGENTGATE_CLUSTER_ENABLED", "true")
-	here, _ := os.Hostname() // the member runs on this host
+	members := clusterOfMembers(t)
 	register := func(t *testing.T, s *httptest.Server) string {
 		t.Helper()
-		m := postgres.Member{ID: t.Name(), Host: "127.0.0.1", Port: 6340, Node: here + "/" + testRun, HTTP: s.Listener.Addr().String()}
-		if _, err := st.Heartbeat(ctx, "agentgate", m, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Leave(ctx, "agentgate", m.ID) })
-		return m.HTTP
+		members(t, s)
+		return s.Listener.Addr().String()
 	}
 
 	t.Run("reset", func(t *testing.T) {
