@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -374,7 +375,11 @@ func TestLostCommitAnswerOfATransactionACrashLost(t *testing.T) {
 		defer mu.Unlock()
 		asked = append(asked, status)
 	}
-	var reused bool
+	var reused atomic.Bool // set on the relay's goroutine
+	var before string      // the reset time of the shared statistics, which the crash's recovery sets
+	if err := admin.QueryRow(ctx, `SELECT pg_stat_get_bgwriter_stat_reset_time()::text`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	r.atHold = func() { // on the relay's goroutine: t.Error, not t.Fatal
 		var pid int
 		var xid string
@@ -387,36 +392,29 @@ func TestLostCommitAnswerOfATransactionACrashLost(t *testing.T) {
 			t.Errorf("crash the server: %v", err)
 			return
 		}
-		var c *pgx.Conn
+		x, _ := strconv.ParseUint(xid, 10, 64)
+		// The server is recovered once a connection reads another reset time: one made before
+		// the postmaster learned of the crash is ended by it (CI met a broken pipe so), and one
+		// made during the recovery is refused. Until then, and on any error, it tries again.
 		deadline := time.Now().Add(30 * time.Second)
-		for c == nil {
-			if c, err = pgx.Connect(ctx, srv.DSN()); err != nil && time.Now().After(deadline) {
-				t.Errorf("the server did not recover from its crash in 30 s: %v", err)
+		var last error
+		for !time.Now().After(deadline) {
+			if done, err := takeIDsUpTo(ctx, srv.DSN(), before, x); err != nil {
+				last = err
+			} else if done != nil {
+				reused.Store(*done)
 				return
 			}
 			time.Sleep(10 * time.Millisecond) // polls the recovering server under a deadline
 		}
-		defer c.Close(ctx)
-		for { // other transactions take ids until one takes the lost transaction's
-			var id string
-			if err := c.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&id); err != nil {
-				t.Errorf("take a transaction id: %v", err)
-				return
-			}
-			n, _ := strconv.ParseUint(id, 10, 64)
-			x, _ := strconv.ParseUint(xid, 10, 64)
-			if n >= x {
-				reused = n == x
-				return
-			}
-		}
+		t.Errorf("the server did not recover from its crash in 30 s: %v", last)
 	}
 	r.mode.Store(relayHoldCommit)
 	err = s.Commit(ctx, [][]persistence.Op{{&persistence.CreateSession{Session: newSession("s1", "k1")},
 		&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
-	if r.cuts.Load() != 1 || !reused {
+	if r.cuts.Load() != 1 || !reused.Load() {
 		t.Fatalf("the relay held %d COMMITs, and the lost transaction's id was taken again: %v; want 1, true: the test does not test",
-			r.cuts.Load(), reused)
+			r.cuts.Load(), reused.Load())
 	}
 	if !errors.Is(err, persistence.ErrUnavailable) {
 		t.Errorf("Commit of a transaction a crash lost, whose id another transaction took and committed = %v, want ErrUnavailable", err)
@@ -436,6 +434,34 @@ func TestLostCommitAnswerOfATransactionACrashLost(t *testing.T) {
 	}
 	if n := mustAttempts(t, c, "s0", 1); n != 0 {
 		t.Errorf("attempts of s0/1 = %d, want 0", n)
+	}
+}
+
+// takeIDsUpTo connects to dsn and, once the server's shared statistics were reset since before
+// (its crash's recovery), takes transaction ids until one is x or past it: done reports whether
+// x was taken again. It returns nil, nil while the server has not recovered.
+func takeIDsUpTo(ctx context.Context, dsn, before string, x uint64) (done *bool, err error) {
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(ctx)
+	var reset string
+	if err := c.QueryRow(ctx, `SELECT pg_stat_get_bgwriter_stat_reset_time()::text`).Scan(&reset); err != nil {
+		return nil, err
+	}
+	if reset == before {
+		return nil, nil
+	}
+	for { // other transactions take ids until one takes the lost transaction's
+		var id string
+		if err := c.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&id); err != nil {
+			return nil, fmt.Errorf("take a transaction id: %w", err)
+		}
+		if n, _ := strconv.ParseUint(id, 10, 64); n >= x {
+			reused := n == x
+			return &reused, nil
+		}
 	}
 }
 
