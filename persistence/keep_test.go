@@ -36,7 +36,7 @@ func TestWriteBehindAKeptRefusedWriteIsRefused(t *testing.T) {
 				}
 				defer st.Close()
 				quiet := slog.New(slog.DiscardHandler)
-				system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+				system := quietSystem(t, quiet)
 				defer system.Shutdown()
 				disk := &refusesSeq{Store: st, seq: 1, gate: make(chan struct{})}
 				disk.full.Store(true)

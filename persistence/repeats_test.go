@@ -56,6 +56,19 @@ type brokenWorld struct {
 	logs   *testutil.Buffer
 }
 
+// quietSystem returns an actor system that logs to quiet. When the test ends it waits out
+// protoactor's dead-letter log throttle, as the actors package's quietSystem does: the first
+// dead letter of an interval (a timer's message to the actor the test stopped) starts a
+// goroutine that waits for the interval on a ticker, and a synctest bubble that ends while one
+// waits panics ("blocked goroutines remain": TestAWriteBehindTheSpoolIsRefusedWhenTheSpoolFails
+// in a CI run). The interval is a millisecond, so outside a bubble the wait costs nothing.
+func quietSystem(t *testing.T, quiet *slog.Logger) *actor.ActorSystem {
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }),
+		actor.WithDeadLetterThrottleInterval(time.Millisecond))
+	t.Cleanup(func() { time.Sleep(2 * time.Millisecond) }) // registered before the system's stop, so it runs after it
+	return system
+}
+
 // newBrokenWorld starts the actor with opts (MaxBatch 64, the broken spool, a replay each
 // second and the logs filled in) over the store that store makes of the outage (nil: the
 // outage itself). Its cleanups, run in the synctest bubble of t, stop the actor, then the
@@ -74,7 +87,7 @@ func newBrokenWorld(t *testing.T, opts persistence.ActorOptions, store func(*sto
 	}
 	w := &brokenWorld{t: t, st: st, sp: sp, broken: &brokenSpool{Spool: sp}, out: &storetest.Outage{Store: st}, logs: &testutil.Buffer{}}
 	quiet := slog.New(slog.DiscardHandler)
-	w.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	w.system = quietSystem(t, quiet)
 	t.Cleanup(w.system.Shutdown)
 	var s persistence.Store = w.out
 	if store != nil {

@@ -325,7 +325,7 @@ func replayOverAbortingStore(t *testing.T, prior [][]persistence.Op, batches [][
 	var logs testutil.Buffer
 	var mu sync.Mutex
 	quiet := slog.New(slog.DiscardHandler)
-	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	system := quietSystem(t, quiet)
 	defer system.Shutdown()
 	pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(t.Context(), &abortingStore{Store: st},
 		persistence.ActorOptions{MaxBatch: 64, Spool: sp, ReplayEvery: time.Hour, Log: slog.New(slog.NewTextHandler(&logs, nil)),

@@ -48,7 +48,7 @@ func startSpoolWorld(t *testing.T, ctx context.Context, dir string, log *slog.Lo
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	w := &spoolWorld{
-		system: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet })),
+		system: quietSystem(t, quiet),
 		store:  st, out: &storetest.Outage{Store: st}, dir: dir,
 	}
 	w.out.Down.Store(down)

@@ -41,7 +41,7 @@ func TestRestartRefusesWritesBehindLostOnes(t *testing.T) {
 		}
 		defer st.Close()
 		quiet := slog.New(slog.DiscardHandler)
-		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+		system := quietSystem(t, quiet)
 		defer system.Shutdown()
 		store := &panicOnce{Store: st}
 		var inc atomic.Uint64
