@@ -6,10 +6,8 @@
 package supervisor
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,25 +20,8 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the log's writes from protoactor's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // fromTheFuture is a protobuf message of a type this binary's registry does not hold, as a
 // member of a newer agentgate would send one: its descriptor is built here and never registered.
@@ -75,7 +56,7 @@ func fromTheFuture(t *testing.T) proto.Message {
 // panic (here, the test binary).
 func TestClusterUnreadableMessageFromAPeerEndsNotTheProcess(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
-	var logged syncBuffer
+	var logged testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
 	var lim logging.Limiter
 	a := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
