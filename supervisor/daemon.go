@@ -399,24 +399,34 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// opening was over (TestSIGTERMWhileTheStartWaitsForPostgresLock,
 	// TestSIGTERMWhileTheStartMigratesPostgres, TestSIGTERMWhileTheStartWaitsForTheSQLiteLock).
 	openCtx, endOpen := stopContext(ctx, opts.Stop)
-	d.store, err = openStore(openCtx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered)
+	var applied int
+	d.store, applied, err = openStore(openCtx, cfg, log.With("component", "persistence"), !opts.SharedStore, corrupt, d.storeRecovered)
 	endOpen()
 	// Only a stop that Options.Stop asked for is ErrStopped: an end of ctx is the start's
 	// failure, ErrMigratedThenEnded's too (either store's), which returned no store. Before, that one
 	// went on with none, and panicked at its first use (TestStartsContextEndedWhileItMigratesFails).
-	migrated := errors.Is(err, postgres.ErrMigratedThenEnded) || errors.Is(err, sqlite.ErrMigratedThenEnded)
-	switch stopped := isClosed(opts.Stop) && errors.Is(err, context.Canceled); {
-	case err != nil && stopped && !migrated:
-		log.Info("asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything")
-		return nil, ErrStopped
-	case err != nil && stopped:
-		log.Info("asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served")
-		return nil, ErrStopped
-	case err != nil:
+	// The stop's line says what the opening wrote: nothing, or the schema's migrations (a store
+	// that applied some and then heard the stop returns ErrMigratedThenEnded; one that opened
+	// says how many it applied). Nothing else is written before the run is recorded, below: the
+	// search index's catch-up adds no conversation. Before, a stop that came just after a
+	// migration's commit could say "stopped without writing anything", and one with nothing to
+	// migrate "the opening, its migrations included, finished first"
+	// (TestStopDuringTheStartsOpenSaysWhatItWrote).
+	migrated := applied > 0 || errors.Is(err, postgres.ErrMigratedThenEnded) || errors.Is(err, sqlite.ErrMigratedThenEnded)
+	stopped := isClosed(opts.Stop) && (err == nil || errors.Is(err, context.Canceled))
+	if err != nil && !stopped {
 		return nil, fmt.Errorf("start: open store: %w", err)
-	case isClosed(opts.Stop):
-		log.Info("asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served")
-		return nil, ErrStopped // (the deferred cleanup closes the store: no run was recorded in it)
+	}
+	if stopped {
+		switch {
+		case migrated:
+			log.Info("asked to stop during the start while it opened the store; the schema's migrations had been applied (one that has begun finishes first), no conversation or run written; stopped before the daemon served")
+		case err != nil:
+			log.Info("asked to stop during the start while it opened the store (connecting to the database, waiting for its lock, or checking it and its schema); stopped without writing anything")
+		default:
+			log.Info("asked to stop during the start while it opened the store; it had nothing to migrate, and no conversation or run was written; stopped before the daemon served")
+		}
+		return nil, ErrStopped // (the deferred cleanup closes a store that opened: no run was recorded in it)
 	}
 	if !opts.SharedStore {
 		// A disk nearly full is said at once, not found when the writes fail (check-config says
@@ -1377,28 +1387,29 @@ func closedHere(r slog.Record) bool {
 func (f floor) WithAttrs(a []slog.Attr) slog.Handler { return floor{f.h.WithAttrs(a), f.min, f.hush} }
 func (f floor) WithGroup(n string) slog.Handler      { return floor{f.h.WithGroup(n), f.min, f.hush} }
 
-// openStore opens the configured store: SQLite (the default) or PostgreSQL. A failed Open
+// openStore opens the configured store: SQLite (the default) or PostgreSQL, and returns how many
+// migrations its Open applied to the schema too (the stop's line during the start says so). A failed Open
 // returns a nil interface, never a nil *Store inside one (the caller's cleanup closes a
 // non-nil store). corrupt is called once a SQLite store finds its database damaged, recovered
 // each time a PostgreSQL store takes writes again after it lost its daemon lock.
 // ctx ends either store's waits but not a migration that has begun (postgres.Open, sqlite.Open):
 // SQLite's wait for the database's write lock, which another process may hold (a sqlite3 shell,
 // an offline admin command, a backup), up to the busy timeout of 5 s.
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt, recovered func()) (persistence.Store, error) {
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, exclusive bool, corrupt, recovered func()) (persistence.Store, int, error) {
 	switch cfg.Store.Driver {
 	case "postgres":
 		st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Options{Logger: log, Exclusive: exclusive, Shared: !exclusive,
 			LockTaken: recovered})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		return st, nil
+		return st, st.Migrated(), nil
 	default:
 		st, err := sqlite.Open(ctx, cfg.DSN(), sqlite.Options{Synchronous: cfg.Store.Synchronous, Logger: log, Corrupt: corrupt})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		return st, nil
+		return st, st.Migrated(), nil
 	}
 }
 

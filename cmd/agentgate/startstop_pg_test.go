@@ -111,7 +111,7 @@ func TestSIGTERMWhileTheStartWaitsForPostgresLock(t *testing.T) {
 	}
 	log := stderr.String()
 	if !inOrder(log, "signal received during the start",
-		"asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything") {
+		"asked to stop during the start while it opened the store (connecting to the database, waiting for its lock, or checking it and its schema); stopped without writing anything") {
 		t.Errorf("the daemon's log does not say, in order, that it heard the signal and stopped while it opened the store:\n%s", log)
 	}
 	for _, never := range []string{"agentgate started", "another agentgate daemon uses this database", "start: open store"} {
@@ -184,7 +184,7 @@ func TestSIGTERMWhileTheStartMigratesPostgres(t *testing.T) {
 	}
 	log := stderr.String()
 	if !inOrder(log, "signal received during the start", "schema migrated",
-		"asked to stop during the start while it opened the store; the opening, its migrations included, finished first; stopped before the daemon served") {
+		"asked to stop during the start while it opened the store; the schema's migrations had been applied (one that has begun finishes first), no conversation or run written; stopped before the daemon served") {
 		t.Errorf("the daemon's log does not say, in order, the signal, the migration's end and the stop:\n%s", log)
 	}
 	if strings.Contains(log, "agentgate started") {

@@ -39,7 +39,7 @@ func TestSIGTERMWhileTheStartWaitsForTheSQLiteLock(t *testing.T) {
 	}
 	log := stderr.String()
 	if !inOrder(log, "signal received during the start",
-		"asked to stop during the start while it opened the store (connecting to the database or waiting for its lock); stopped without writing anything") {
+		"asked to stop during the start while it opened the store (connecting to the database, waiting for its lock, or checking it and its schema); stopped without writing anything") {
 		t.Errorf("the daemon's log does not say, in order, that it heard the signal and stopped while it opened the store:\n%s", log)
 	}
 	for _, never := range []string{"agentgate started", "locked by another process", "start: open store"} {

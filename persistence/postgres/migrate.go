@@ -35,11 +35,12 @@ const migrateLock = 0x61676d67
 // lock (another process migrates). Once the lock is taken the migration runs to its end
 // whatever ctx does (Open says why), and the caller looks at ctx then. Before, the BEGIN ran
 // with the ctx the migration keeps, and a stop did not end its wait
-// (TestOpenEndedWhileTheMigrationBeginsStops).
-func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+// (TestOpenEndedWhileTheMigrationBeginsStops). It returns how many migrations it applied
+// (committed): zero when the database had them all, which Open's error under a stop tells apart.
+func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int, error) {
 	ms, err := migrations()
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	wait := ctx
 	ctx = context.WithoutCancel(ctx)
@@ -90,15 +91,15 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		// to create in".
 		path := "?"
 		_ = pool.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path)
-		return fmt.Errorf("migrate: no schema of the search_path (%s) exists to create the tables in: create it first (CREATE SCHEMA name, as the owner of the database): %w", path, err)
+		return 0, fmt.Errorf("migrate: no schema of the search_path (%s) exists to create the tables in: create it first (CREATE SCHEMA name, as the owner of the database): %w", path, err)
 	}
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	if applied > 0 && from > 0 { // as the SQLite store's: README says an upgrade logs how long it took
 		log.Info("schema migrated", "from", from, "to", ms[len(ms)-1].Version, "took", time.Since(start).Round(time.Millisecond))
 	}
-	return nil
+	return applied, nil
 }
 
 // beginWith begins its pool's transactions with ctx, whatever ctx pgx.BeginFunc passes.

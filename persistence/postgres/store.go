@@ -73,6 +73,8 @@ type Store struct {
 	pool  *pgxpool.Pool
 	log   *slog.Logger
 	where string // the database, for logs: where(cfg)
+	// migrated is how many migrations Open applied (Migrated).
+	migrated int
 
 	timeout  time.Duration
 	noAnswer error // the cause of a call's context when timeout ran out
@@ -172,7 +174,9 @@ const defaultMaxConns = 8
 // wait for another process's migration; Open then returns at once, and lets go of what it
 // took in the background (closeFailedOpen). A migration that has begun is not cut by it: it runs
 // to its end (a cut would roll all of it back, to be done again from the start at the next
-// Open), and Open then returns ErrMigratedThenEnded (and ctx's error) without going further.
+// Open), and Open then returns ErrMigratedThenEnded (and ctx's error) without going further,
+// as it does for a stop after the migration; one that had nothing to migrate returns ctx's error
+// alone: it wrote nothing.
 // An error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate
 // serve` takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock).
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
@@ -208,8 +212,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	var st *Store // once made: its daemon lock, if taken, goes first
+	migrated := 0 // the migrations applied, after which a stop is ErrMigratedThenEnded
 	fail := func(err error) (*Store, error) {
 		closeFailedOpen(ctx, st, pool)
+		if migrated > 0 && ctx.Err() != nil { // a stop after the migration (raiseEpoch, endIdleLock)
+			err = fmt.Errorf("%w: %w (%v)", ErrMigratedThenEnded, ctx.Err(), err)
+		}
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
@@ -236,18 +244,26 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			return fail(err)
 		}
 	}
-	migrateOrCheck := migrate
 	if opts.NoMigrate {
-		migrateOrCheck = checkSchema
+		err = checkSchema(ctx, pool, log)
+	} else {
+		migrated, err = migrate(ctx, pool, log)
 	}
-	if err := migrateOrCheck(ctx, pool, log); err != nil {
+	if err != nil {
 		return fail(err)
 	}
+	st.migrated = migrated
 	if err := ctx.Err(); err != nil { // ended while it migrated, which went on to its end
 		// The server answered the migration just now: the lock is let go of before Open
 		// returns, not in the background, so that the process's exit, which follows, does
 		// not cut its release short, and a start right after finds it free.
 		closeFailedOpen(context.WithoutCancel(ctx), st, pool)
+		if migrated == 0 {
+			// Nothing to migrate: its transaction wrote nothing, and the error says so
+			// (TestOpenEndedDuringAMigrationWithNothingToMigrate). Before, it was
+			// ErrMigratedThenEnded, and the daemon said the migrations had finished first.
+			return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
+		}
 		return nil, fmt.Errorf("open postgres %s: %w: %w", where(cfg), ErrMigratedThenEnded, err)
 	}
 	if opts.Exclusive || opts.Shared {
@@ -268,6 +284,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	return st, nil
 }
+
+// Migrated returns how many migrations Open applied to the database's schema: every one for a
+// new database, none when it was at this binary's schema already (or the store opened without
+// migrating: Options.NoMigrate). The daemon's stop during its start says so.
+func (s *Store) Migrated() int { return s.migrated }
 
 // closeFailedOpen lets go of what an Open that failed took: st's daemon lock, when st was made
 // (nil before), then the pool. When Open's ctx has ended (a stop), it does so in the

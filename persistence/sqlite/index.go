@@ -23,7 +23,8 @@ import (
 //   - by a timer Options.IndexDelay after the oldest waiting row was committed, so a quiet
 //     daemon's last messages are found by a read-only Search (agentgate sessions search) within
 //     about IndexDelay, not only after its next commit;
-//   - by Search (all of them, before it queries), by Close (all), and by Open (all, which is what
+//   - by Search (all of them, before it queries), by Close (all, unless a stop cut Open's catch-up
+//     and no pass has caught up since: the next Open does it), and by Open (all, which is what
 //     recovers from a crash between a commit and its indexing).
 //
 // Every pass runs under the commit mutex on the one writer connection, so a pass and a commit
@@ -49,6 +50,9 @@ type indexer struct {
 	pending atomic.Int64
 	retryAt time.Time   // no pass before this, after a failed one; guarded by commitMu
 	timer   *time.Timer // the pass IndexDelay after the oldest pending row; guarded by commitMu
+	// cutOpen says that Open's catch-up was cut by its ctx (a stop) and that no pass has caught
+	// up since: Close leaves the backlog to the next Open. Guarded by commitMu.
+	cutOpen bool
 }
 
 func newIndexer(opts Options) *indexer {
@@ -162,6 +166,7 @@ func (s *Store) indexPass(ctx context.Context) (n int, more bool, err error) {
 		x.pending.Store(max(x.pending.Load()-int64(n), 1))
 	} else {
 		x.pending.Store(0)
+		x.cutOpen = false
 		s.stopIndexTimer()
 	}
 	return n, more, nil

@@ -33,15 +33,17 @@ func migrations() ([]sqlstore.Migration, error) {
 //
 // ctx ends the wait for the write lock (beginUncut), which another process may hold, but not
 // the transaction once begun: it runs to its end, as a cut would roll all of it back, to be
-// done again from the start at the next Open (Open returns ErrMigratedThenEnded then).
-func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
+// done again from the start at the next Open (Open returns ErrMigratedThenEnded then, when it
+// applied any). It returns how many migrations it applied (committed): zero when the database
+// had them all, which the stop's line tells apart (the daemon's).
+func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) (applied int, err error) {
 	ms, err := migrations()
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	tx, err := beginUncut(ctx, w)
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	ctx = context.WithoutCancel(ctx)
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
@@ -49,16 +51,16 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 		version    INTEGER NOT NULL PRIMARY KEY,
 		applied_at INTEGER NOT NULL
 	)`); err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	var current int
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	if latest := ms[len(ms)-1].Version; current > latest {
-		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, latest)
+		return 0, fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", current, latest)
 	}
-	start, applied := time.Now(), 0
+	start := time.Now()
 	for _, m := range ms {
 		if m.Version <= current {
 			continue
@@ -68,21 +70,21 @@ func migrate(ctx context.Context, w *sql.DB, log *slog.Logger) error {
 		}
 		applied++
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.Name, err)
+			return 0, fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 		if _, err := tx.ExecContext(ctx,
 			`INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`,
 			m.Version, time.Now().UnixNano()); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.Name, err)
+			return 0, fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	if applied > 0 && current > 0 {
 		log.Info("schema migrated", "from", current, "to", ms[len(ms)-1].Version, "took", time.Since(start).Round(time.Millisecond))
 	}
-	return nil
+	return applied, nil
 }
 
 // beginUncut begins a write transaction on w (BEGIN IMMEDIATE: the writer's _txlock) whose

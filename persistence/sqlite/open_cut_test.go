@@ -247,3 +247,160 @@ func TestOpenEndedWhileItChecksThePagesIsNoDamage(t *testing.T) {
 	}
 	s.Close()
 }
+
+// TestOpenEndedAfterItsMigrationSaysWhetherItMigrated: an Open whose ctx ends (the daemon's
+// stop) after its migration returns ErrMigratedThenEnded (and ctx's error) when it applied
+// migrations, which stay applied, whether the stop landed right after the migration's commit
+// or as the open went on after its check of ctx (to its write statements and its readers), and
+// ctx's error alone when there was nothing to migrate (its transaction wrote nothing), wherever
+// the stop landed: the daemon's line says which. Before, a stop that landed after that check
+// returned ctx's error alone, and the daemon said it had written nothing though the migration
+// had; and one during the transaction with nothing to migrate returned ErrMigratedThenEnded,
+// and the daemon said the migrations had finished first. Opened again, the database is at this
+// binary's schema, and Migrated says what that Open applied.
+func TestOpenEndedAfterItsMigrationSaysWhetherItMigrated(t *testing.T) {
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := ms[len(ms)-1].Version
+	for _, tc := range []struct {
+		name     string
+		schema   int // -1: no database yet
+		step     string
+		migrated bool
+	}{
+		{"one migration to apply, stopped right after it", latest - 1, "migrated", true},
+		{"one migration to apply, stopped as the open goes on", latest - 1, "prepare", true},
+		{"a new database, stopped right after its migrations", -1, "migrated", true},
+		{"a new database, stopped as the open goes on", -1, "prepare", true},
+		{"nothing to migrate, stopped right after the migration's transaction", latest, "migrated", false},
+		{"nothing to migrate, stopped as the open goes on", latest, "prepare", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agentgate.db")
+			if tc.schema >= 0 {
+				mustSchemaAt(t, path, tc.schema).Close()
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			s, err := Open(ctx, path, Options{openStep: func(step string) {
+				if step == tc.step {
+					cancel()
+				}
+			}})
+			if err == nil {
+				s.Close()
+				t.Fatal("Open cut after its migration returned a store")
+			}
+			if !errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) != tc.migrated {
+				t.Errorf("Open cut after its migration = %v, want context.Canceled, and ErrMigratedThenEnded: %v", err, tc.migrated)
+			}
+
+			s, err = Open(t.Context(), path, Options{})
+			if err != nil {
+				t.Fatalf("Open after the cut one = %v", err)
+			}
+			defer s.Close()
+			if got := s.Migrated(); got != 0 {
+				t.Errorf("Migrated() of the Open after the cut one = %d, want 0 (the cut one migrated, or there was nothing to)", got)
+			}
+			if current, _, err := schemaVersions(t.Context(), s.writer); err != nil || current != latest {
+				t.Errorf("schema version after the cut Open = %d, %v; want %d", current, err, latest)
+			}
+		})
+	}
+	t.Run("Migrated of an Open that went through", func(t *testing.T) {
+		older := filepath.Join(t.TempDir(), "agentgate.db")
+		mustSchemaAt(t, older, latest-1).Close()
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		for _, c := range []struct {
+			what, path string
+			want       int
+		}{{"a new database", path, len(ms)}, {"the same again", path, 0}, {"one migration short", older, 1}} {
+			s, err := Open(t.Context(), c.path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Migrated(); got != c.want {
+				t.Errorf("Migrated() of %s = %d, want %d", c.what, got, c.want)
+			}
+			s.Close()
+		}
+	})
+}
+
+// TestCloseAfterACutCatchUpLeavesItToTheNextOpen: the Close of a store whose Open's search index
+// catch-up a stop cut (here while it waited for the write lock another process took just after
+// the migration) leaves the messages waiting for the index to the next Open, which indexes them
+// all: it does not do the catch-up the stop cut again, under the stop. Before, the Close waited
+// for the write lock up to the busy timeout (5 s), then warned "fts index pass failed".
+func TestCloseAfterACutCatchUpLeavesItToTheNextOpen(t *testing.T) {
+	testutil.BubbleTest(t, 2*time.Minute, "a wait on the store's mutex behind the busy handler's sleep holds the bubble's clock still", func(t *testing.T) {
+		s := MustOpen(t, never)
+		path := s.Path()
+		storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s1", "k1")})
+		storetest.MustCommit(t, s, msgs("s1", 1, 5, "waiting")...)
+		abandon(t, s) // as a crash: the five wait for the index
+
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var unlock func()
+		logs := &testutil.Buffer{}
+		opts := never
+		opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		opts.openStep = func(step string) {
+			if step == "migrated" { // another process takes the write lock: the catch-up waits for it
+				unlock = testutil.LockSQLite(t, path)
+			}
+		}
+		type opened struct {
+			s   *Store
+			err error
+		}
+		done := make(chan opened, 1)
+		go func() {
+			s, err := Open(ctx, path, opts)
+			done <- opened{s, err}
+		}()
+		synctest.Wait() // the catch-up waits for the write lock
+		cancel()
+		r := <-done
+		if r.err != nil {
+			unlock()
+			t.Fatalf("Open cut during its search index catch-up = %v, want a store", r.err)
+		}
+		start := time.Now()
+		err := r.s.Close() // the lock still held
+		took := time.Since(start)
+		unlock()
+		if err != nil {
+			t.Errorf("Close after a cut catch-up = %v", err)
+		}
+		if took >= time.Second {
+			t.Errorf("Close after a cut catch-up, with the write lock held by another process, took %v; want at once", took)
+		}
+		for _, alarm := range []string{"level=WARN", "level=ERROR"} {
+			if strings.Contains(logs.String(), alarm) {
+				t.Errorf("the Open cut during its catch-up and its Close logged a %s line:\n%s", alarm, logs.String())
+			}
+		}
+		if w, n, maxID := indexState(t, path); n != 0 || w >= maxID {
+			t.Errorf("after the Close: watermark %d (max id %d), %d rows indexed; want the five waiting", w, maxID, n)
+		}
+
+		logs = &testutil.Buffer{}
+		opts.Logger, opts.openStep = slog.New(slog.NewTextHandler(logs, nil)), nil
+		s, err = Open(t.Context(), path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if !strings.Contains(logs.String(), "search index caught up") || !strings.Contains(logs.String(), "rows=5") {
+			t.Errorf("the next Open did not catch the search index up on the five:\n%s", logs.String())
+		}
+		if got, err := s.Search(t.Context(), "waiting", 10); err != nil || len(got) != 5 {
+			t.Errorf("Search(waiting) after the next Open = %d rows, %v; want 5", len(got), err)
+		}
+	})
+}

@@ -59,6 +59,12 @@ type Options struct {
 	// checkpoint) is waited for, as the daemon's writes wait for it. A lock taken after the
 	// check fails the write that waited for it with the same words (Commit, Pardon).
 	MustWrite bool
+
+	// openStep, set only by tests, is called as Open reaches each of its steps after the
+	// migration: "migrated" as soon as the migration has returned (after its commit, or its
+	// transaction that had nothing to migrate), and "prepare" once Open has checked its ctx
+	// after it and goes on (to the write statements, the readers): where a test's stop lands.
+	openStep func(step string)
 }
 
 // Store is the SQLite persistence.Store. It is safe for concurrent use: reads run on a pool of
@@ -70,6 +76,8 @@ type Store struct {
 	// mustWrite is Options.MustWrite: an admin command's store, whose writes that wait out a
 	// lock taken after its open are worded as the open words it (lockedError).
 	mustWrite bool
+	// migrated is how many migrations Open applied (Migrated).
+	migrated int
 
 	// mu is held shared by every call for its whole duration and exclusively by Close, so a
 	// closed flag read under it stays true while the pools are being closed.
@@ -132,8 +140,12 @@ const defaultReaders = 4
 // it runs under ctx too (a read: a cut leaves the database as it was, and is ctx's error, no
 // damage: TestOpenEndedWhileItChecksThePagesIsNoDamage), as does the search index catch-up
 // after it (a cut pass logs nothing: TestOpenEndedWhileItCatchesUpTheSearchIndexWarnsNothing;
-// the store opens all the same). A migration that has begun is not cut by it: it runs to its
-// end, and Open then returns ErrMigratedThenEnded (and ctx's error) without going further.
+// the store opens all the same, and its Close leaves the rest to the next Open:
+// TestCloseAfterACutCatchUpLeavesItToTheNextOpen). A migration that has begun is not cut by
+// it: it runs to its end, and Open then returns ErrMigratedThenEnded (and ctx's error) without
+// going further, as it does for an end of ctx after the migration and before the catch-up;
+// when there was nothing to migrate, Open returns ctx's error alone: it wrote nothing
+// (TestOpenEndedAfterItsMigrationSaysWhetherItMigrated).
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	syncMode, err := synchronousPragma(opts.Synchronous)
 	if err != nil {
@@ -184,6 +196,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		onCorrupt: opts.Corrupt, mustWrite: opts.MustWrite}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
+		if ctx.Err() != nil { // a stop: what it found done is the error, not the step it cut
+			return nil, fmt.Errorf("open %s: %w", abs, openEnded(ctx, s.migrated, err))
+		}
 		again := "start again"
 		if opts.MustWrite {
 			again = "run the command again"
@@ -196,9 +211,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	// Messages committed before a crash, and not indexed yet, are indexed now. A failure is
 	// logged and retried by later commits: it never stops the store.
-	if n, err := s.indexAll(ctx); err == nil && n > 0 {
+	n, err := s.indexAll(ctx)
+	if err == nil && n > 0 {
 		s.log.Info("search index caught up", "rows", n)
 	}
+	s.idx.cutOpen = err != nil && ctx.Err() != nil // (Close)
 	s.commitMu.Lock()
 	s.indexLater() // after a failed catch-up
 	s.commitMu.Unlock()
@@ -245,9 +262,14 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	var err error
 	if opts.NoMigrate {
 		err = checkSchemaToWrite(ctx, w)
-	} else if err = migrate(ctx, w, s.log); err == nil && ctx.Err() != nil {
-		// Ended while it migrated, which went on to its end (migrate): nothing further is done.
-		return fmt.Errorf("%w: %w", ErrMigratedThenEnded, ctx.Err())
+	} else {
+		s.migrated, err = migrate(ctx, w, s.log)
+		opts.step("migrated")
+		if err == nil && ctx.Err() != nil {
+			// Ended while it migrated, which went on to its end (migrate), or just after:
+			// nothing further is done (Open words it: openEnded).
+			return ctx.Err()
+		}
 	}
 	again := "start again"
 	if err == nil && opts.MustWrite {
@@ -262,6 +284,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	opts.step("prepare")
 	if err := s.onWriter(ctx, func(dc any) error { _, err := s.writeStmts(dc); return err }); err != nil {
 		return err
 	}
@@ -282,6 +305,36 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	}
 	return nil
 }
+
+// step calls the test's openStep, if any.
+func (o *Options) step(name string) {
+	if o.openStep != nil {
+		o.openStep(name)
+	}
+}
+
+// openEnded is the error of an Open that ctx ended, after err from the step it cut:
+// ErrMigratedThenEnded once the Open applied migrations (migrated of them), which it did not cut
+// (a cut would roll them all back), and ctx's error otherwise: nothing was written. The daemon's
+// stop says which (TestOpenEndedAfterItsMigrationSaysWhetherItMigrated). Before, an Open ended
+// after a migration's commit but before its next check of ctx (its statements' preparation, the
+// readers' connection) returned ctx's error alone, and the daemon said it had written nothing;
+// and one ended during a migration's transaction that had nothing to migrate returned
+// ErrMigratedThenEnded, and the daemon said the migrations had finished first.
+func openEnded(ctx context.Context, migrated int, err error) error {
+	if migrated > 0 {
+		return fmt.Errorf("%w: %w", ErrMigratedThenEnded, ctx.Err())
+	}
+	if errors.Is(err, ctx.Err()) {
+		return err
+	}
+	return fmt.Errorf("%w (%v)", ctx.Err(), err) // (the driver's "interrupted", say)
+}
+
+// Migrated returns how many migrations Open applied to the database's schema: every one for a
+// new database, none when it was at this binary's schema already (or the store opened without
+// migrating: Options.NoMigrate, OpenReadOnly). The daemon's stop during its start says so.
+func (s *Store) Migrated() int { return s.migrated }
 
 // noCreate is the DSN parameter of the store's connections: SQLite opens the database file,
 // never creates it (Open does, private, before they connect). A connection a pool opened after
@@ -509,7 +562,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close indexes the messages still waiting for the search index, stops the checkpointer, closes
 // both pools and releases the lock file. It waits for calls in progress. Closing a closed Store
 // returns nil; every other method then returns an error wrapping persistence.ErrClosed. An
-// indexing failure is logged, not returned: the next Open indexes what is left.
+// indexing failure is logged, not returned: the next Open indexes what is left, as it does when
+// Open's catch-up was cut by its ctx (a stop) and no pass has caught up since, which Close then
+// leaves alone.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -519,7 +574,12 @@ func (s *Store) Close() error {
 	s.closed = true
 	if s.idx != nil {
 		s.commitMu.Lock()
-		if s.idx.pending.Load() > 0 && s.gone.Load() == nil { // (not into a file gone: the next Open indexes)
+		// Not into a file gone, nor after Open's catch-up that a stop cut, with nothing indexed
+		// since: the next Open indexes them, losing nothing. Before, the close did the catch-up the
+		// stop had cut all over again, waiting for it under the stop (up to the busy timeout, then
+		// a warning, with the write lock held by another process)
+		// (TestCloseAfterACutCatchUpLeavesItToTheNextOpen).
+		if s.idx.pending.Load() > 0 && s.gone.Load() == nil && !s.idx.cutOpen {
 			_, _ = s.indexAll(context.Background()) // logged by indexPass
 		}
 		s.stopIndexTimer()
