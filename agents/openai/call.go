@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/net/html"
+
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/logging"
 )
@@ -449,11 +451,16 @@ func stripURL(err error) error {
 // statusError reads an error response to the request body into a safe StatusError.
 func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	msg := errorMessage(raw)
+	msg, plain, page := errorMessage(raw), false, false
+	if text, isPage, ok := bodyText(raw); ok {
+		msg, plain, page = text, true, isPage
+	}
 	c := contextRefusalOf(msg, raw, body, a.maxTokens)
 	se := &StatusError{
 		Code:       resp.StatusCode,
 		Message:    sanitize(msg, a.keyString()),
+		plain:      plain,
+		page:       page,
 		context:    &c,
 		RetryAfter: retryAfter(resp.Header, a.now()),
 		refused:    refusedParams(raw, body),
@@ -475,6 +482,53 @@ func (a *Agent) notFoundHint() string {
 	}
 	return "posted to " + sanitize(where, a.keyString()) + ": check that agent.openai.base_url is the API's root, " +
 		"which usually ends in /v1, and that agent.openai.model names a model the endpoint serves"
+}
+
+// bodyText is the text of an error body, raw, that is no JSON document (an object, or null):
+// a server's or proxy's plain text ("CUDA out of memory", nginx's "upstream request timeout"),
+// or the text a web page (HTML, XML: a proxy's 502, 503 or 504 page) shows a reader
+// (pageText), when page is set. ok is false for a JSON document, or a body of spaces alone.
+// Before, a page's markup filled the 200 runes a message keeps, and Cloudflare's page said no
+// more than its conditional comments for old Internet Explorers.
+func bodyText(raw []byte) (text string, page, ok bool) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || json.Unmarshal(t, new(struct{})) == nil {
+		return "", false, false
+	}
+	if t[0] == '<' {
+		if text := pageText(t); strings.TrimSpace(text) != "" {
+			return text, true, true
+		}
+	}
+	return string(raw), false, true
+}
+
+// pageText is what a web page, raw, shows a reader: the text of its elements (its title's
+// first), without its tags, comments, scripts and styles, with its entities decoded; the
+// space between them is left for sanitize to collapse.
+func pageText(raw []byte) string {
+	z := html.NewTokenizer(bytes.NewReader(raw))
+	var b strings.Builder
+	hidden := 0 // within a script or style element
+	for {
+		switch z.Next() {
+		case html.ErrorToken:
+			return b.String()
+		case html.StartTagToken, html.EndTagToken:
+			if name, _ := z.TagName(); string(name) == "script" || string(name) == "style" {
+				if z.Token().Type == html.StartTagToken {
+					hidden++
+				} else {
+					hidden = max(hidden-1, 0)
+				}
+			}
+		case html.TextToken:
+			if hidden == 0 {
+				b.Write(z.Text())
+				b.WriteByte(' ')
+			}
+		}
+	}
 }
 
 // errorMessage finds the message in an error body: {"error":{"message"}}, {"error":"…"},
@@ -906,22 +960,29 @@ func streamError(typ, payload string) (string, bool) {
 // [DONE]"): its error object, as a 200's body would hold it under "error" ({"code":400,
 // "message":"the request exceeds the available context size…","type":"…"}, with n_prompt_tokens
 // and n_ctx for exceed_context_size_error), read as apply reads one (its code is its status);
-// an object that holds "error" is read for that, and a value that is no JSON object is the
-// message of an error that names no status, as an error object that names none is (sanitize
-// bounds it and takes out its control characters); null is such an error without a message,
-// which apply would read as no error, and the turn went on as if none had come. It is also the error of an event that is
-// one (streamError). shown is set when text was streamed to the user before it. Before, the
-// line was skipped, and the turn ended as a reply without text (or a stream that broke off),
-// the server's reason unsaid.
+// an object that holds "error" is read for that, and a value that is no JSON object is a fault
+// of the server, taken for a 500 as OpenAI's server_error is (retried unless text was shown),
+// its text the message (bodyText; sanitize bounds it and takes out its control characters);
+// null is such an error without a message, which apply would read as no error, and the turn
+// went on as if none had come. It is also the error of an event that is one (streamError).
+// shown is set when text was streamed to the user before it. Before, the line was skipped, and
+// the turn ended as a reply without text (or a stream that broke off), the server's reason
+// unsaid; and until text that is no JSON was a fault of the server, it was an error that names
+// no status, as an error object that names none is: counted refused and not retried, though
+// it is what an engine that failed mid-request (crane-serve's "error: CUDA out of memory") or
+// a proxy sends.
 func (a *Agent) errorField(value string, shown bool) error {
 	raw := json.RawMessage(strings.TrimSpace(value))
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(raw, &obj) != nil || obj == nil {
-		msg := string(raw)
-		if msg == "" || msg == "null" {
-			msg = "an error without a message"
+		// No JSON error: the engine's or a proxy's own words, a fault of the server that took
+		// the request (a refusal of what it holds comes before the stream, as an error
+		// status), retried as one unless text was shown.
+		se := &StatusError{Code: http.StatusInternalServerError, Message: "an error without a message", inBand: true, shown: shown}
+		if text, page, ok := bodyText(raw); ok {
+			se.Message, se.plain, se.page = sanitize(text, a.keyString()), true, page
 		}
-		return &StatusError{Code: http.StatusOK, Message: sanitize(msg, a.keyString()), inBand: true, shown: shown}
+		return se
 	}
 	if inner, ok := obj["error"]; ok && len(inner) > 0 && string(inner) != "null" {
 		raw = inner

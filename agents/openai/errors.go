@@ -56,6 +56,10 @@ type StatusError struct {
 	// inBand is set for an error in a 200's body, and shown when it came after text had been
 	// streamed to the user (not retried: the user would see the text start over).
 	inBand, shown bool
+	// plain is set when Message is the endpoint's text that is no JSON (a proxy's or a
+	// server's plain-text or HTML answer: bodyText), which Error quotes; page when that text
+	// is a web page's (HTML, XML), its markup left out.
+	plain, page bool
 	// hint is what the operator should check, for a status whose cause the endpoint's message
 	// may not say (a 404: see notFoundHint); "" for none.
 	hint string
@@ -88,7 +92,15 @@ func (e *StatusError) Error() string {
 			s += fmt.Sprintf(" (taken for %d %s)", e.Code, http.StatusText(e.Code))
 		}
 	}
-	if e.Message != "" {
+	switch {
+	case e.Message == "":
+	case e.page:
+		// Quoted: where the endpoint's text starts and ends is plain to see, and a page's
+		// words are not taken for agentgate's.
+		s += ", a web page that reads " + strconv.Quote(e.Message)
+	case e.plain:
+		s += ": " + strconv.Quote(e.Message)
+	default:
 		s += ": " + e.Message
 	}
 	if e.hint != "" {

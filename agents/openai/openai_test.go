@@ -1071,7 +1071,7 @@ func TestSecretsStayOut(t *testing.T) {
 		}}, true, "model endpoint answered with an error"},
 		{"plain text body", []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "bad key "+testKey+" and "+r.Header.Get("Authorization"), http.StatusForbidden)
-		}}, false, "403 Forbidden: bad key [redacted] and Bearer [redacted]"},
+		}}, false, `403 Forbidden: "bad key [redacted] and Bearer [redacted]"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

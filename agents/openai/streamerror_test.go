@@ -3,6 +3,7 @@ package openai_test
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -38,45 +39,54 @@ func runStream(t *testing.T, body string) streamErrorRun {
 
 // TestStreamErrorThatIsNoJSON: an event of a stream that is an error whose text is no JSON,
 // crane-serve's "data: error: <message>" (lucasjinreal/Crane#121) or an "event: error" whose
-// data is plain text, is the server's error: its text is the StatusError's message, which the
-// turn's error (the line the operator reads) holds, and it counts, is retried and is told the
-// user as an error object in a "data:" event that names no code or type is (an error that
-// names no status). Its text is cut to the message's bound, without control characters or the
-// key. Before, it failed the turn as a chunk that is no chat completion: a bad reply, the
-// server's message unsaid.
+// data is plain text (or null), is the server's error: its text is the StatusError's message,
+// which the turn's error (the line the operator reads) holds, quoted, and it is a fault of the
+// server, counted, retried and told the user as an error object of type server_error in a
+// "data:" event is (taken for a 500; not retried after text was shown). An "event: error" of
+// JSON that is no error object is read as an error object that names no code or type (an
+// error that names no status, not retried). Its text is cut to the message's bound, without
+// control characters or the key. Before 3ce2e12, it failed the turn as a chunk that is no chat
+// completion: a bad reply, the server's message unsaid; before this, as an error that names no
+// status, counted refused and not retried, though what sends it so is an engine that failed
+// mid-request or a proxy.
 func TestStreamErrorThatIsNoJSON(t *testing.T) {
 	const text = `data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n"
 	for _, tc := range []struct {
 		name, body string
 		asJSON     string // the same error as an error object in a "data:" event
 		want       string // the StatusError's message
+		quoted     bool   // want is the server's text, quoted in the error
 	}{
 		{"crane-serve's error data",
 			"data: error: engine failed: CUDA out of memory\n\n",
-			`data: {"error":{"message":"engine failed: CUDA out of memory"}}` + "\n\n",
-			"engine failed: CUDA out of memory"},
+			`data: {"error":{"message":"engine failed: CUDA out of memory","type":"server_error"}}` + "\n\n",
+			"engine failed: CUDA out of memory", true},
 		{"an error event of plain text",
 			"event: error\ndata: upstream timed out\n\ndata: [DONE]\n\n",
-			`data: {"error":{"message":"upstream timed out"}}` + "\n\ndata: [DONE]\n\n",
-			"upstream timed out"},
+			`data: {"error":{"message":"upstream timed out","type":"server_error"}}` + "\n\ndata: [DONE]\n\n",
+			"upstream timed out", true},
 		{"an error event of JSON without an error member",
 			"event: error\ndata: {\"message\":\"Compute error.\"}\n\ndata: [DONE]\n\n",
 			`data: {"error":{"message":"Compute error."}}` + "\n\ndata: [DONE]\n\n",
-			"Compute error."},
+			"Compute error.", false},
 		{"an error event of null",
 			"event: error\ndata: null\n\ndata: [DONE]\n\n",
-			`data: {"error":{"message":"an error without a message"}}` + "\n\ndata: [DONE]\n\n",
-			"an error without a message"},
+			`data: {"error":{"message":"an error without a message","type":"server_error"}}` + "\n\ndata: [DONE]\n\n",
+			"an error without a message", false},
 		{"after text",
 			text + "event: error\r\ndata: Error: the model stopped\r\n\r\n",
-			text + `data: {"error":{"message":"Error: the model stopped"}}` + "\n\n",
-			"Error: the model stopped"},
+			text + `data: {"error":{"message":"Error: the model stopped","type":"server_error"}}` + "\n\n",
+			"Error: the model stopped", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, want := runStream(t, tc.body), runStream(t, tc.asJSON)
 			se, ok := errors.AsType[*openai.StatusError](got.err)
-			if !ok || se.Message != tc.want || !strings.Contains(got.err.Error(), tc.want) {
-				t.Fatalf("Run error = %v (%T), want a StatusError with the server's message %q", got.err, got.err, tc.want)
+			shows := tc.want
+			if tc.quoted {
+				shows = strconv.Quote(tc.want) // the server's own text: where it starts and ends
+			}
+			if !ok || se.Message != tc.want || !strings.Contains(got.err.Error(), shows) {
+				t.Fatalf("Run error = %v (%T), want a StatusError with the server's message %s", got.err, got.err, shows)
 			}
 			wantSE, _ := errors.AsType[*openai.StatusError](want.err)
 			_, isRef := errors.AsType[*agents.Refusal](got.err)

@@ -1,0 +1,123 @@
+package openai_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/agents/openai"
+)
+
+// cloudflare502 is the page Cloudflare answers with when the origin behind it (the model
+// server) fails: its title comes after the comments for old Internet Explorers, and its text
+// names the request's Ray ID.
+const cloudflare502 = `<!DOCTYPE html>
+<!--[if lt IE 7]> <html class="no-js ie6 oldie" lang="en-US"> <![endif]-->
+<!--[if IE 7]>    <html class="no-js ie7 oldie" lang="en-US"> <![endif]-->
+<!--[if IE 8]>    <html class="no-js ie8 oldie" lang="en-US"> <![endif]-->
+<!--[if gt IE 8]><!--> <html class="no-js" lang="en-US"> <!--<![endif]-->
+<head>
+<title>llm.example.com | 502: Bad gateway</title>
+<meta charset="UTF-8" />
+<meta name="robots" content="noindex, nofollow" />
+<link rel="stylesheet" id="cf_styles-css" href="/cdn-cgi/styles/main.css" />
+<style>body{margin:0;padding:0} .cf-error-title{font-size:60px}</style>
+</head>
+<body>
+<div id="cf-wrapper">
+<div id="cf-error-details" class="p-0">
+<header class="mx-auto pt-10 lg:pt-6 lg:px-8 w-240 lg:w-full mb-8">
+<h1 class="inline-block sm:block sm:mb-2 font-light text-60 lg:text-4xl text-black-dark leading-tight mr-2">
+<span class="inline-block">Bad gateway</span>
+<span class="code-label">Error code 502</span>
+</h1>
+<div>Visit <a href="https://www.cloudflare.com/5xx-error-landing">cloudflare.com</a> for more information.</div>
+</header>
+<p>The web server reported a bad gateway error.</p>
+<span class="cf-footer-item">Cloudflare Ray ID: <strong class="font-semibold">8a1b2c3d4e5f6789</strong></span>
+<script>(function(){var b=document.getElementById("cf-footer-ip-reveal");b.addEventListener("click",function(){});})();</script>
+</div></div></body></html>
+`
+
+// nginx503 is nginx's own page for a 503.
+const nginx503 = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n<body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n<hr><center>nginx/1.27.3</center>\r\n</body>\r\n</html>\r\n"
+
+// TestErrorBodyThatIsNoJSON: an error status whose body is no JSON error, a model server's
+// plain text (PyTorch's "CUDA out of memory" as a 500) or a proxy's page (HTML, on a 502, 503
+// or 504), is a fault of the server when the status is 5xx: retried with the backoff and as
+// often as any server error, counted as one, and when the retries run out the turn fails with
+// the server's text in its error, quoted, a page's as its reader sees it (its title and text,
+// without markup, comments, styles or scripts), bounded, so that the operator reads what
+// answered. A 4xx of plain text stays a refusal, told the user as one, its text quoted alike.
+// Before, the text stood unquoted in the error, and a page's markup filled the 200 characters
+// kept of it: Cloudflare's page said nothing but its comments for old Internet Explorers. The
+// retries held before (a guard).
+func TestErrorBodyThatIsNoJSON(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		code        int
+		contentType string
+		body        string
+		want        string // in the error
+		requests    int
+		result      string // of each request
+		refusal     bool
+	}{
+		{"CUDA out of memory", 500, "text/plain; charset=utf-8",
+			"CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.65 GiB total capacity; 21.02 GiB already allocated)\n",
+			`500 Internal Server Error: "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.65 GiB total capacity; 21.02 GiB already allocated)"`,
+			4, openai.ResultServerError, false},
+		{"Cloudflare's 502 page", 502, "text/html; charset=UTF-8", cloudflare502,
+			`502 Bad Gateway, a web page that reads "llm.example.com | 502: Bad gateway Bad gateway Error code 502 Visit cloudflare.com for more information. The web server reported a bad gateway error. Cloudflare Ray ID: 8a1b2c3d4e5f6789"`,
+			4, openai.ResultServerError, false},
+		{"nginx's 503 page", 503, "text/html", nginx503,
+			`503 Service Unavailable, a web page that reads "503 Service Temporarily Unavailable 503 Service Temporarily Unavailable nginx/1.27.3"`,
+			4, openai.ResultServerError, false},
+		{"Envoy's 504", 504, "text/plain", "upstream request timeout",
+			`504 Gateway Timeout: "upstream request timeout"`,
+			4, openai.ResultServerError, false},
+		{"a 400 of plain text", 400, "text/plain; charset=utf-8", "Failed to parse the request body as JSON: messages[0].content: invalid type\n",
+			`400 Bad Request: "Failed to parse the request body as JSON: messages[0].content: invalid type"`,
+			1, openai.ResultRefused, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(tc.code)
+				io.WriteString(w, tc.body)
+			})
+			sl := &sleeps{}
+			var mu sync.Mutex
+			var results []string
+			a := MustAgent(t, m, nil, sl, func(c *openai.Config) {
+				c.Requests = func(r string) { mu.Lock(); results = append(results, r); mu.Unlock() }
+			})
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run error = %v, want one holding %s", err, tc.want)
+			}
+			if _, isRef := errors.AsType[*agents.Refusal](err); isRef != tc.refusal {
+				t.Errorf("Run error = %v: a Refusal %v, want %v", err, isRef, tc.refusal)
+			}
+			if strings.ContainsAny(err.Error(), "<>") {
+				t.Errorf("Run error = %v, want it without markup", err)
+			}
+			var waits []time.Duration
+			if tc.requests > 1 {
+				waits = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if m.Count() != tc.requests || !slices.Equal(sl.waits(), waits) || len(results) != tc.requests || slices.ContainsFunc(results, func(r string) bool { return r != tc.result }) {
+				t.Errorf("the model got %d requests, after waits %v, counted %q; want %d, after %v, each %q",
+					m.Count(), sl.waits(), results, tc.requests, waits, tc.result)
+			}
+		})
+	}
+}
