@@ -863,7 +863,10 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 		}
 		var c completion
 		if err := json.Unmarshal([]byte(payload), &c); err != nil {
-			return false, fmt.Errorf("openai agent: stream chunk is not a chat completion: %v", err)
+			// How it starts, as readJSON says of a body: "invalid character 'p'" alone tells
+			// the operator nothing of what the server or a proxy sent (found by a review).
+			return false, fmt.Errorf("openai agent: stream chunk is not a chat completion (starting %q): %v",
+				sanitize(cutAt(payload, 512), a.keyString()), err)
 		}
 		before := b.Len()
 		if err := a.apply(res, &c, &b); err != nil {

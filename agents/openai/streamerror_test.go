@@ -111,3 +111,26 @@ func TestStreamErrorThatIsNoJSON(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamChunkThatIsNoJSON: a stream's data that is no chat completion, and no error
+// (streamError), fails the turn as a bad reply, not retried, with the start of the data in its
+// error, quoted, bounded, and without the key or control characters: an operator reads what the
+// server or a proxy sent. Before, the error said only what encoding/json met ("invalid
+// character 'p' looking for beginning of value").
+func TestStreamChunkThatIsNoJSON(t *testing.T) {
+	for _, tc := range []struct{ name, data, want string }{
+		{"Python's repr of a chunk", `{'choices': [{'delta': {'content': 'Hel'}}]}`, `starting "{'choices': [{'delta': {'content': 'Hel'}}]}"`},
+		{"a proxy's keep-alive", "ping", `starting "ping"`},
+		{"long, with the key", "token " + testKey + "\x07 " + strings.Repeat("ab ", 5000), `starting "token [redacted] ` + strings.Repeat("ab ", 61) + `…"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := runStream(t, "data: "+tc.data+"\n\ndata: [DONE]\n\n")
+			if !strings.Contains(got.err.Error(), "stream chunk is not a chat completion") || !strings.Contains(got.err.Error(), tc.want) {
+				t.Fatalf("Run error = %v, want one holding %s", got.err, tc.want)
+			}
+			if got.requests != 1 || !slices.Equal(got.results, []string{openai.ResultBadReply}) {
+				t.Errorf("the model got %d requests, counted %q; want 1, a bad reply", got.requests, got.results)
+			}
+		})
+	}
+}
