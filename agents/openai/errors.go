@@ -441,11 +441,48 @@ const maxErrorMessage = 200
 // commit ids, checksums and base64 the operator needs to read.
 var opaqueToken = regexp.MustCompile(`\b[A-Za-z0-9_\-]{40,}\b`)
 
-// sanitize makes an endpoint's text fit for an error message: the key, the passwords of URLs,
-// key-like strings (redact.String's rules) and opaque tokens redacted, control characters and
-// newlines turned into spaces, runs of space collapsed, at most maxErrorMessage runes.
+// ansiEscape matches an ANSI escape sequence (ECMA-48) in an endpoint's text, which a server
+// that logs in colour may put in its error messages too (a Python engine's traceback, a Rust
+// server's tracing output): a CSI ("\x1b[31m", "\x1b[2K", also as the one-byte C1 CSI), an
+// OSC ended by BEL or ST ("\x1b]8;;https://…\x07", a link), a character set's ("\x1b(B",
+// which tput sgr0 puts before "\x1b[m"), or another escape of two bytes.
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x{9b}[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]`)
+
+// printedColour matches what is left of a colour code (SGR) whose ESC a proxy or logger dropped
+// or printed ("[31m", "[1;31m", "[0m", after "␛" or "^["), which stripColours takes out when
+// no "]" follows it: an index such as "[5m]" is text.
+var printedColour = regexp.MustCompile(`(?:\x{241b}|\^\[)?\[\d{1,3}(?:;\d{1,3})*m`)
+
+// stripColours takes ANSI escape sequences (ansiEscape) and the remains of colour codes
+// (printedColour) out of an endpoint's text. Before, sanitize made an ESC a space and kept the
+// rest, so "\x1b[31mERROR\x1b[0m" reached the user's log line as "[31mERROR [0m".
+func stripColours(s string) string {
+	if !strings.ContainsAny(s, "\x1b\u009b[") {
+		return s
+	}
+	s = ansiEscape.ReplaceAllString(s, "")
+	var b strings.Builder
+	last := 0
+	for _, m := range printedColour.FindAllStringIndex(s, -1) {
+		if m[1] < len(s) && s[m[1]] == ']' {
+			continue
+		}
+		b.WriteString(s[last:m[0]])
+		last = m[1]
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// sanitize makes an endpoint's text fit for an error message: ANSI escape sequences and the
+// remains of colour codes taken out (stripColours), the key, the passwords of URLs, key-like
+// strings (redact.String's rules) and opaque tokens redacted, control characters and newlines
+// turned into spaces, runs of space collapsed, at most maxErrorMessage runes.
 func sanitize(s, key string) string {
-	s = redact.String(s, key)
+	s = redact.String(stripColours(s), key)
 	s = opaqueToken.ReplaceAllString(s, redact.Placeholder)
 	var b strings.Builder
 	space := false

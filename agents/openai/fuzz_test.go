@@ -59,6 +59,8 @@ func FuzzModelAnswer(f *testing.F) {
 		{422, js, true, `{"detail":[{"loc":["body","stream_options"],"msg":"Extra inputs are not permitted","input":{"k":"{KEY}"}}]}`},
 		{400, js, true, `{"object":"error","message":"[{'type': 'value_error', 'loc': ('body',), 'input': {'stream_options': {}}}]","param":null}`},
 		{500, "text/html", false, "<html>\x00{KEY}\n\n\x1b[31m</html>"},
+		{502, "text/html", false, "<!DOCTYPE html><!--[if IE 7]><html><![endif]--><head><title>{KEY} | 502</title><style>{KEY}</style></head><script>x='{KEY}'</script><p>&lt;b&gt;\x1b[1m{KEY}\x1b]8;;u\x07</p>"},
+		{200, sse, true, "data: error: \x1b[31m{KEY}[0m\x1b(B\n\nevent: error\ndata: <html>{KEY}</html>\n\n"},
 		{401, js, false, `{"message":"Bearer {KEY} is wrong"}`},
 		{302, "", false, ``},
 		{204, "", false, ``},

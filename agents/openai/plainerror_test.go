@@ -1,6 +1,7 @@
 package openai_test
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/agents/openai"
+	"github.com/agentgate/agentgate/agents/openai/openaitest"
 )
 
 // cloudflare502 is the page Cloudflare answers with when the origin behind it (the model
@@ -117,6 +119,47 @@ func TestErrorBodyThatIsNoJSON(t *testing.T) {
 			if m.Count() != tc.requests || !slices.Equal(sl.waits(), waits) || len(results) != tc.requests || slices.ContainsFunc(results, func(r string) bool { return r != tc.result }) {
 				t.Errorf("the model got %d requests, after waits %v, counted %q; want %d, after %v, each %q",
 					m.Count(), sl.waits(), results, tc.requests, waits, tc.result)
+			}
+		})
+	}
+}
+
+// TestColourCodesAreTakenOut: the ANSI escape sequences of a server that logs in colour (a
+// Python engine's traceback, a Rust server's tracing line), in its error's message (JSON's
+// "\u001b"), in a plain-text body (the ESC byte itself) or in a stream's error event, are taken
+// out of the message the user's notice and the operator's log line are made of, and so are the
+// remains of colour codes whose ESC a proxy or logger dropped or printed ("[31m", "^[[0m"); an
+// index such as "[5m]" is text. Before, the ESC became a space and the rest stayed:
+// "[31mERROR [0m: …".
+func TestColourCodesAreTakenOut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+		want   string // the StatusError's message
+	}{
+		{"in a JSON error", openaitest.Status(500, `{"error":{"message":"\u001b[31mERROR\u001b[0m: worker \u001b[1;33mgpu-0\u001b[0m died\u001b[2K"}}`),
+			"ERROR: worker gpu-0 died"},
+		{"in a plain-text body", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "\x1b[38;5;208mWARN\x1b[0m engine \x1b]8;;https://docs.example.com/oom\x07busy\x1b]8;;\x1b\\ \x1b(Bretry later\n")
+		}, "WARN engine busy retry later"},
+		{"in a stream's error event", openaitest.Raw("text/event-stream", "event: error\ndata: \x1b[1m\x1b[31merror\x1b[39m\x1b[22m: CUDA out of memory\n\n"),
+			"error: CUDA out of memory"},
+		{"printed", openaitest.Status(502, `{"error":{"message":"[31mERROR[0m: upstream ^[[1;31mllama^[[0m gone, ␛[33mslot[0m [5m] of [10m]"}}`),
+			"ERROR: upstream llama gone, slot [5m] of [10m]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer)
+			var logs bytes.Buffer
+			a := MustAgent(t, m, &logs, nil, func(c *openai.Config) { c.MaxRetries = 1 })
+			_, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) {}})
+			se, ok := errors.AsType[*openai.StatusError](err)
+			if !ok || se.Message != tc.want {
+				t.Fatalf("Run error = %v, want a StatusError whose message is %q", err, tc.want)
+			}
+			if strings.Contains(logs.String(), "[31m") || strings.Contains(logs.String(), "\\x1b") || strings.Contains(logs.String(), "\x1b") {
+				t.Errorf("logs hold a colour code:\n%s", logs.String())
 			}
 		})
 	}
