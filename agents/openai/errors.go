@@ -224,16 +224,40 @@ var overflowWordings = []struct {
 }
 
 // contextOverflowOf reads a refusal's message for what it says of a request too long for the
-// model's context, in the wordings of overflowWordings; false for any other.
+// model's context, in the wordings of overflowWordings; false for any other, and for one whose
+// numbers say nothing: a count past an int, or a context no model has (usableContext), which
+// its words still make a context exceeded (contextWordsOf), its size not known.
 func contextOverflowOf(message string) (contextOverflow, bool) {
 	for _, w := range overflowWordings {
 		if m := w.re.FindStringSubmatch(message); m != nil {
-			n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
-			return contextOverflow{context: n(w.context), input: n(w.input), output: n(w.output)}, true
+			ok := true
+			n := func(i int) int {
+				v, err := strconv.Atoi(m[i])
+				ok = ok && err == nil
+				return v
+			}
+			o := contextOverflow{context: n(w.context), input: n(w.input), output: n(w.output)}
+			if !ok || !usableContext(o.context) {
+				break
+			}
+			return o, true
 		}
 	}
 	return contextOverflow{}, false
 }
+
+// maxContext is the largest model context, in tokens, that an endpoint's refusal is taken at
+// its word for: ten times the longest a served model has (Llama 4 Scout's 10M tokens).
+const maxContext = 100_000_000
+
+// usableContext reports whether n, a model's context as an endpoint's refusal gives it (vLLM's
+// "maximum context length is N tokens", llama.cpp's n_ctx), can be weighed against a request:
+// 1 to maxContext tokens. Any other (0, negative, 10^12) is a count not known, as a prompt's
+// size that is no count is (tokenCount): the refusal is a context exceeded, a conversation too
+// long. Before, a prompt of 12 tokens "fit" a context of 0 (the max_tokens setting was said to
+// leave no room in it) or of 10^12 (the conversation fit only without max_tokens' room), and
+// the operator got an ERR to lower max_tokens, which could not help.
+func usableContext(n int) bool { return n > 0 && n <= maxContext }
 
 // tooLong reports whether an endpoint's 400 message says the prompt exceeds the model's context,
 // in the words OpenAI, vLLM, llama.cpp (its exceed_context_size_error's, whose wording has
@@ -276,7 +300,8 @@ const maxContextScan = maxErrorBody
 // conversation that had outgrown the context was never said to be too long. Only a max_tokens
 // of n_ctx or more is still the setting's next to such a prompt: no conversation fits beside
 // it on a server that counts it in (llama.cpp's own always gives the prompt's count), and /new
-// would not help.
+// would not help. An n_ctx no model has (0, or 10^12: usableContext) is a context of a size not
+// known, which nothing is weighed against: the error is a context exceeded too.
 //
 // A refusal may echo the request it refused (vLLM's validation error holds it whole as its
 // input, a proxy's message may): the chat's words, which may speak of the model's context or
@@ -307,7 +332,7 @@ func contextRefusalOf(message string, raw, sent []byte, maxTokens int) contextRe
 	}
 	c.tooLong = true
 	switch {
-	case maxTokens <= 0 || ctx <= 0:
+	case maxTokens <= 0 || !usableContext(ctx):
 	case prompt > 0 && prompt < ctx:
 		c.counted, c.overflow = true, contextOverflow{context: ctx, input: prompt, output: maxTokens}
 	case prompt == 0 && maxTokens >= ctx:

@@ -44,6 +44,9 @@ func FuzzContextOverflow(f *testing.F) {
 		if c.counted && (c.overflow.context < 0 || c.overflow.input < 0 || c.overflow.output < 0) {
 			t.Errorf("contextRefusalOf(%q) = %+v, want no negative count", message, c)
 		}
+		if (ok && !usableContext(o.context)) || (c.counted && !usableContext(c.overflow.context)) {
+			t.Errorf("contextRefusalOf(%q) = %+v, contextOverflowOf %+v, want a context counted only when a model may have it", message, c, o)
+		}
 		a := &Agent{maxTokens: maxTokens}
 		for _, code := range []int{http.StatusBadRequest, http.StatusUnprocessableEntity} {
 			for _, se := range []*StatusError{{Code: code, Message: message}, {Code: code, Message: message, context: &c}} {

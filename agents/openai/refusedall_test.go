@@ -617,3 +617,40 @@ func TestMessageSentAgainIsNotAnEndpointThatRefusesEveryRequest(t *testing.T) {
 		t.Errorf("logs hold %d ERR lines, want 1, of two sessions:\n%s", n, logs.String())
 	}
 }
+
+// TestContextOfNoModelIsNotKnown: a refusal of a request too long for the model's context whose
+// context is one no model has (0, or far past any, such as 10^12 tokens, or a number past an
+// int), in vLLM's wordings or as llama.cpp's n_ctx, bare or behind LiteLLM, is a context
+// exceeded whose size is not known, as a prompt of a size not known is: a conversation too
+// long (/new), with no ERR. Before, a prompt of 12 tokens fit such a context: of 0, the
+// max_tokens setting left no room in it; of 10^12 (or 999,999,999 as n_ctx), the conversation
+// fit only without max_tokens' room; both told the operator with an ERR to lower max_tokens,
+// which could not help. (n_ctx 0, negative or 10^12 held before: tokenCount.)
+func TestContextOfNoModelIsNotKnown(t *testing.T) {
+	vllm := func(ctx string) string {
+		return `{"object":"error","message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is ` + ctx + ` tokens and your request has 12 input tokens (1000 > ` + ctx + ` - 12).","type":"BadRequestError","param":null,"code":400}`
+	}
+	vllm020 := func(ctx string) string {
+		return `{"object":"error","message":"This model's maximum context length is ` + ctx + ` tokens. However, you requested 1000 output tokens and your prompt contains at least 12 input tokens, for a total of at least 1012 tokens.","code":400}`
+	}
+	llama := func(ctx string) string {
+		return `{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":12,"n_ctx":` + ctx + `}}`
+	}
+	litellm := func(ctx string) string {
+		return `{"error":{"message":"litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'code': 400, 'message': 'the request exceeds the available context size', 'type': 'exceed_context_size_error', 'n_prompt_tokens': 12, 'n_ctx': ` + ctx + `}}","type":null,"param":null,"code":"400"}}`
+	}
+	for _, tc := range []struct{ name, body string }{
+		{"vLLM, a context of 0", vllm("0")},
+		{"vLLM, a context of 10^12", vllm("1000000000000")},
+		{"vLLM, a context past an int", vllm("99999999999999999999999")},
+		{"vLLM 0.20, a context of 0", vllm020("0")},
+		{"vLLM 0.20, a context of 10^12", vllm020("1000000000000")},
+		{"llama.cpp, n_ctx of 999999999", llama("999999999")},
+		{"llama.cpp, n_ctx of 0", llama("0")},
+		{"llama.cpp, n_ctx negative", llama("-5")},
+		{"llama.cpp, n_ctx of 1e12", llama("1e12")},
+		{"llama.cpp behind LiteLLM, n_ctx of 999999999", litellm("999999999")},
+	} {
+		t.Run(tc.name, func(t *testing.T) { assertContextRefusal(t, tc.body, "conversation is too long", true, false) })
+	}
+}
