@@ -56,71 +56,36 @@ type silentRelay struct {
 
 func holdAt(t *testing.T, dsn string, hold func(msg []byte) bool) *silentRelay {
 	t.Helper()
-	l, target, relayed := unixRelay(t, dsn, "pgbegin")
-	h := &silentRelay{dsn: relayed, held: make(chan struct{})}
+	h := &silentRelay{held: make(chan struct{})}
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-		ended bool // the test's cleanup closed conns: a connection accepted since is closed
 		once  sync.Once
 		quiet atomic.Bool // held: the server is silent
 	)
-	t.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		ended = true
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			if ended { // else its passes would wait for its client or the server to close it
-				mu.Unlock()
-				_, _ = c.Close(), up.Close()
-				return
-			}
-			conns = append(conns, c, up)
-			mu.Unlock()
-			pass := func(dst, src net.Conn, fromClient bool) {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					// A client writes a query whole and waits for its answer (pgx's BEGIN:
-					// Exec with no arguments), so one read holds all of it.
-					if fromClient && !quiet.Load() && hold(buf[:n]) {
-						quiet.Store(true)
-						once.Do(func() { close(h.held) })
-					}
-					if n > 0 && !quiet.Load() {
-						if _, err := dst.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						if !quiet.Load() {
-							_ = dst.Close()
-						}
+	h.dsn, _ = relayConns(t, dsn, "pgbegin", func(c, up net.Conn) func(dst, src net.Conn, fromClient bool) {
+		pass := func(dst, src net.Conn, fromClient bool) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				// A client writes a query whole and waits for its answer (pgx's BEGIN:
+				// Exec with no arguments), so one read holds all of it.
+				if fromClient && !quiet.Load() && hold(buf[:n]) {
+					quiet.Store(true)
+					once.Do(func() { close(h.held) })
+				}
+				if n > 0 && !quiet.Load() {
+					if _, err := dst.Write(buf[:n]); err != nil {
 						return
 					}
 				}
+				if err != nil {
+					if !quiet.Load() {
+						_ = dst.Close()
+					}
+					return
+				}
 			}
-			wg.Go(func() { pass(up, c, true) })
-			wg.Go(func() { pass(c, up, false) })
 		}
+		return pass
 	})
 	return h
 }
@@ -209,4 +174,60 @@ func unixRelay(t *testing.T, dsn, prefix string) (l net.Listener, target, relaye
 		t.Fatalf("no host=%s in %s", cfg.Host, dsn)
 	}
 	return l, target, relayed
+}
+
+// relayConns passes the connections to the test database of dsn through a Unix socket of its
+// own (unixRelay; prefix names its directory) and returns dsn made to connect through it. For
+// each connection it accepts, it dials the database and asks serve for the connection's pass,
+// which it runs on a goroutine of its own each way: from the client to the server (fromClient)
+// and back. A pass passes what it will from src to dst, and returns once it is done. stop, which
+// the test's cleanup calls too, closes the listener and every connection (one accepted after is
+// closed at once: its passes would wait for its client or the server to close it) and waits for
+// the passes to return; it may be called again.
+func relayConns(t *testing.T, dsn, prefix string,
+	serve func(client, server net.Conn) (pass func(dst, src net.Conn, fromClient bool))) (relayed string, stop func()) {
+	t.Helper()
+	l, target, relayed := unixRelay(t, dsn, prefix)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+		ended bool // stop closed conns
+	)
+	stop = func() {
+		_ = l.Close()
+		mu.Lock()
+		ended = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}
+	t.Cleanup(stop)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			if ended {
+				mu.Unlock()
+				_, _ = c.Close(), up.Close()
+				return
+			}
+			conns = append(conns, c, up)
+			mu.Unlock()
+			pass := serve(c, up)
+			wg.Go(func() { pass(up, c, true) })
+			wg.Go(func() { pass(c, up, false) })
+		}
+	})
+	return relayed, stop
 }

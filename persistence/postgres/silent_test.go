@@ -176,65 +176,39 @@ type silencer struct {
 	dropped chan struct{} // signalled when a silent connection drops what its client sent
 	mu      sync.Mutex
 	silent  []*atomic.Bool
-	conns   []net.Conn
 }
 
 func newSilencer(t *testing.T, dsn string) *silencer {
 	t.Helper()
-	l, target, relayed := unixRelay(t, dsn, "pgsilent")
-	p := &silencer{dsn: relayed, dropped: make(chan struct{}, 1)}
-	var wg sync.WaitGroup
-	p.close = func() {
-		_ = l.Close()
+	p := &silencer{dropped: make(chan struct{}, 1)}
+	p.dsn, p.close = relayConns(t, dsn, "pgsilent", func(c, up net.Conn) func(dst, src net.Conn, fromClient bool) {
+		silent := new(atomic.Bool)
 		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
+		p.silent = append(p.silent, silent)
 		p.mu.Unlock()
-		wg.Wait()
-	}
-	t.Cleanup(p.close)
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			silent := new(atomic.Bool)
-			p.mu.Lock()
-			p.silent = append(p.silent, silent)
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			pass := func(dst, src net.Conn) {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					if n > 0 && !silent.Load() {
-						if _, err := dst.Write(buf[:n]); err != nil {
-							return
-						}
-					} else if n > 0 && src == c {
-						select {
-						case p.dropped <- struct{}{}:
-						default:
-						}
-					}
-					if err != nil {
-						if !silent.Load() {
-							_ = dst.Close()
-						}
+		pass := func(dst, src net.Conn, fromClient bool) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 && !silent.Load() {
+					if _, err := dst.Write(buf[:n]); err != nil {
 						return
 					}
+				} else if n > 0 && fromClient {
+					select {
+					case p.dropped <- struct{}{}:
+					default:
+					}
+				}
+				if err != nil {
+					if !silent.Load() {
+						_ = dst.Close()
+					}
+					return
 				}
 			}
-			wg.Go(func() { pass(up, c) })
-			wg.Go(func() { pass(c, up) })
 		}
+		return pass
 	})
 	return p
 }

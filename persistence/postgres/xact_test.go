@@ -47,85 +47,49 @@ type commitRelay struct {
 
 func newCommitRelay(t *testing.T, dsn string) *commitRelay {
 	t.Helper()
-	l, target, relayed := unixRelay(t, dsn, "pgcommit")
-	r := &commitRelay{dsn: relayed}
-	var (
-		wg    sync.WaitGroup
-		conns []net.Conn
-		ended bool // the test's cleanup closed conns: a connection accepted since is closed
-	)
-	t.Cleanup(func() {
-		_ = l.Close()
-		r.mu.Lock()
-		ended = true
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		r.mu.Unlock()
-		wg.Wait()
-	})
+	r := &commitRelay{}
 	isCommit := isQuery("commit") // pgx's Tx.Commit: a simple query
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			r.mu.Lock()
-			if ended {
-				r.mu.Unlock()
-				_, _ = c.Close(), up.Close()
-				return
-			}
-			conns = append(conns, c, up)
-			r.mu.Unlock()
-			var holding atomic.Bool // the client's side waits for atHold: the server's end passes not to it
-			pass := func(dst, src net.Conn, fromClient bool) {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					// A client writes a query whole, and the server a COMMIT's answer with
-					// the ReadyForQuery after it, so one read holds all of it.
-					switch {
-					case fromClient && isCommit(buf[:n]) && r.mode.CompareAndSwap(relayHoldCommit, relayPass):
-						r.mu.Lock()
-						r.held = append(r.held, up)
-						atHold := r.atHold
-						r.mu.Unlock()
-						r.cuts.Add(1)
-						if atHold != nil {
-							holding.Store(true)
-							atHold()
-						}
-						_ = c.Close()
-						return
-					case !fromClient && bytes.Contains(buf[:n], commitDone) && r.mode.CompareAndSwap(relayCutAnswer, relayPass):
-						r.cuts.Add(1)
-						_, _ = c.Close(), up.Close()
-						return
+	r.dsn, _ = relayConns(t, dsn, "pgcommit", func(c, up net.Conn) func(dst, src net.Conn, fromClient bool) {
+		var holding atomic.Bool // the client's side waits for atHold: the server's end passes not to it
+		pass := func(dst, src net.Conn, fromClient bool) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				// A client writes a query whole, and the server a COMMIT's answer with
+				// the ReadyForQuery after it, so one read holds all of it.
+				switch {
+				case fromClient && isCommit(buf[:n]) && r.mode.CompareAndSwap(relayHoldCommit, relayPass):
+					r.mu.Lock()
+					r.held = append(r.held, up)
+					atHold := r.atHold
+					r.mu.Unlock()
+					r.cuts.Add(1)
+					if atHold != nil {
+						holding.Store(true)
+						atHold()
 					}
-					if !fromClient && holding.Load() {
-						return
-					}
-					if n > 0 {
-						if _, err := dst.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						_ = dst.Close()
+					_ = c.Close()
+					return
+				case !fromClient && bytes.Contains(buf[:n], commitDone) && r.mode.CompareAndSwap(relayCutAnswer, relayPass):
+					r.cuts.Add(1)
+					_, _ = c.Close(), up.Close()
+					return
+				}
+				if !fromClient && holding.Load() {
+					return
+				}
+				if n > 0 {
+					if _, err := dst.Write(buf[:n]); err != nil {
 						return
 					}
 				}
+				if err != nil {
+					_ = dst.Close()
+					return
+				}
 			}
-			wg.Go(func() { pass(up, c, true) })
-			wg.Go(func() { pass(c, up, false) })
 		}
+		return pass
 	})
 	return r
 }
