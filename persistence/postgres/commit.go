@@ -159,9 +159,10 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // connection the pool pings first (attempt); once per Commit. A connection that breaks once
 // COMMIT is sent leaves the transaction's fate unknown, and the server's record of it tells it
 // (xactFate, xact.go): committed, its groups succeed as if the answer had come
-// (TestLostCommitAnswerOfACommittedTransactionIsTaken); aborted, nothing was written, and it
-// runs once more as one dead before its COMMIT does, within the same once per Commit
-// (TestLostCommitAnswerOfAnAbortedTransactionRunsAgain). Otherwise (an older server, no record,
+// (TestLostCommitAnswerOfACommittedTransactionIsTaken), as they do, unasked, when the
+// transaction had no id (it wrote nothing: TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken);
+// aborted, nothing was written, and it runs once more as one dead before its COMMIT does,
+// within the same once per Commit (TestLostCommitAnswerOfAnAbortedTransactionRunsAgain). Otherwise (an older server, no record,
 // the server unreachable, or still running it: TestLostCommitAnswerOfATransactionInProgress) it
 // is not run again here: its groups fail with ErrUnavailable, and the persistence actor spools
 // them and replays them, which every op bears (each is idempotent but the counters:
@@ -183,9 +184,9 @@ func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, vali
 			retried = true
 			continue
 		}
-		if out.lost != nil && dead && out.xact.id.Valid {
+		if out.lost != nil && dead && out.xact.read {
 			switch s.lostCommit(ctx, out, !retried) {
-			case fateCommitted:
+			case fateCommitted, fateEmpty:
 				out.lost = nil
 			case fateAborted:
 				if !retried { // nothing was written: run it once more
@@ -208,11 +209,14 @@ func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, vali
 // lostCommit asks for the fate of the transaction of out, whose connection broke once its
 // COMMIT was sent (xactFate), logs it and returns it; again says that an aborted one runs
 // again. Committed, the groups out.lost would fail succeed; aborted and not run again, or
-// unknown, they fail with it.
+// unknown, they fail with it. One that wrote nothing (fateEmpty) is not asked for, and succeeds.
 func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate {
-	f, why := s.xactFate(ctx, out.xact)
+	f, why := s.lostFate(ctx, out.xact)
 	id := out.xact.id.String
 	switch {
+	case f == fateEmpty:
+		s.log.Info("a commit's connection was lost after its COMMIT was sent; its transaction wrote nothing, "+
+			"so the COMMIT had nothing to apply and it succeeds", logging.Err(out.lost))
 	case f == fateCommitted:
 		s.log.Info("a commit's connection was lost after its COMMIT was sent; the server committed it, so its writes are stored",
 			"xid", id, logging.Err(out.lost))
@@ -279,13 +283,16 @@ func (s *Store) commitTx(ctx context.Context, c *pgxpool.Conn, fence *stmt, stmt
 			if _, err := tx.Exec(ctx, `SAVEPOINT grp`); err != nil {
 				return failAll(fmt.Errorf("commit: group %d: savepoint: %w", i, err))
 			}
-			var gx *xact // the id read last is the transaction's (a group rolled back reads none)
+			// The id read last is the transaction's: a group rolled back reads none, and one
+			// that succeeds reads NULL only when nothing before it wrote (an id, once
+			// assigned, stays the transaction's, also once its savepoint is rolled back).
+			var gx *xact
 			if x != nil {
 				gx = &xact{}
 			}
 			_, err := run(ctx, tx, nil, stmts, []int{i}, gx)
 			if err == nil {
-				if gx != nil && gx.id.Valid {
+				if gx != nil {
 					*x = *gx
 				}
 				if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT grp`); err != nil {

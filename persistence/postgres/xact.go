@@ -19,7 +19,12 @@ import (
 // more). Commit then asks the server for it on another connection (xactFate): committed, the
 // call succeeds as if the answer had come; aborted, nothing was written and it runs once more
 // (commitTxs); anything else leaves it unknown, and it fails with ErrUnavailable as before (a
-// daemon spools and replays its writes, whose counters may then count twice).
+// daemon spools and replays its writes, whose counters may then count twice). A transaction
+// that has no id when its batch ends wrote nothing (no row, no row lock): the server answered
+// every statement before the id, so the call knows all it would know, and its COMMIT had
+// nothing to apply: it succeeds without asking (lostFate). Before, it failed with
+// ErrUnavailable (TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken). A commit of a
+// store that holds the daemon lock always has an id: the lock's fence reads its row FOR SHARE.
 //
 // A transaction id is the server's own: one the server assigned but lost with its WAL (a
 // crash before the transaction's WAL reached the disk) or that a promoted standby never saw (a
@@ -59,6 +64,7 @@ const (
 
 // xact is a transaction of a commit, as its batch read it (xactSQL).
 type xact struct {
+	read   bool        // xactSQL was read (a server that keeps transactions' fates: knowsXacts)
 	id     pgtype.Text // NULL when the transaction has no id (it wrote nothing)
 	server serverRun   // of the server that ran it
 }
@@ -83,6 +89,7 @@ const (
 	fateUnknown fate = iota
 	fateCommitted
 	fateAborted
+	fateEmpty // it wrote nothing: committed or not, nothing of it is stored
 )
 
 // knowsXacts reports whether a server of version (its server_version, which it reports at a
@@ -106,7 +113,17 @@ func readXact(br pgx.BatchResults, x *xact) error {
 	if err := br.QueryRow().Scan(&x.id, &x.server.start, &x.server.statsReset); err != nil {
 		return fmt.Errorf("read the transaction's id: %w", err)
 	}
+	x.read = true
 	return nil
+}
+
+// lostFate tells the fate of x, read (readXact), whose COMMIT's answer was lost: fateEmpty when
+// it has no id, which nothing need ask; else the server's record of it (xactFate).
+func (s *Store) lostFate(ctx context.Context, x xact) (f fate, why string) {
+	if !x.id.Valid {
+		return fateEmpty, ""
+	}
+	return s.xactFate(ctx, x)
 }
 
 // xactFate asks the server, on another connection of the pool (one it pings first: the server

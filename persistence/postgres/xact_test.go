@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,72 @@ func TestLostCommitAnswerOfACommittedTransactionIsTaken(t *testing.T) {
 			}
 			if stored != 2 {
 				t.Errorf("%d of the commit's 2 rows are stored, want both", stored)
+			}
+		})
+	}
+}
+
+// TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken: a commit whose transaction wrote
+// nothing (writes sent again that are stored already, as a spool's replay sends them: its batch
+// read no transaction id) and whose connection breaks as the COMMIT's answer passes succeeds
+// without asking the server: every earlier answer of its batch came, and its COMMIT had nothing
+// to apply. A group the savepoint pass refused keeps its own error. Before, the call failed
+// with ErrUnavailable, though nothing of it could be lost. A store that holds the daemon lock
+// reads the lock's row FOR SHARE in each commit (its fence), which gives the transaction an
+// id: such a commit is asked for, as one that wrote.
+func TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	r := newCommitRelay(t, dsn)
+	unlocked, err := Open(ctx, r.dsn, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlocked.Close()
+	locked, lr, _ := openRelayed(t)
+	hi := &persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+		Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}}
+	stored := []persistence.Op{&persistence.CreateSession{Session: newSession("s0", "k0")}, hi}
+	for _, tc := range []struct {
+		name   string
+		s      *Store
+		r      *commitRelay
+		groups [][]persistence.Op
+		refuse int      // the index of the group refused for what it holds, or -1
+		asked  []string // the server's answers when asked for the transaction's fate
+	}{
+		{"one pass", unlocked, r, [][]persistence.Op{stored}, -1, nil},
+		{"savepoints", unlocked, r, [][]persistence.Op{stored, {&persistence.AppendMessage{Message: persistence.Message{
+			SessionID: "s0", Seq: 1, Role: persistence.RoleUser, Content: "not what seq 1 holds", CreatedAt: t0}}}, {hi}}, 1, nil},
+		{"the daemon lock's fence", locked, lr, [][]persistence.Op{stored}, -1, []string{"committed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			storetest.MustCommit(t, tc.s, stored...)
+			var mu sync.Mutex
+			var asked []string
+			tc.s.asked = func(status string) {
+				mu.Lock()
+				defer mu.Unlock()
+				asked = append(asked, status)
+			}
+			before := tc.r.cuts.Load()
+			tc.r.mode.Store(relayCutAnswer)
+			errs := tc.s.Commit(ctx, tc.groups)
+			if got := tc.r.cuts.Load() - before; got != 1 {
+				t.Fatalf("the relay cut %d COMMIT answers, want 1: the test does not test", got)
+			}
+			for i, err := range errs {
+				switch {
+				case i == tc.refuse && !errors.Is(err, ErrConflict):
+					t.Errorf("group %d (refused for what it holds) = %v, want ErrConflict", i, err)
+				case i != tc.refuse && err != nil:
+					t.Errorf("group %d of a commit that wrote nothing and whose answer was lost = %v, want nil", i, err)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(asked, tc.asked) {
+				t.Errorf("the server was asked for the transaction's fate and answered %q, want %q", asked, tc.asked)
 			}
 		})
 	}
