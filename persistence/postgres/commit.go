@@ -358,7 +358,7 @@ func run(ctx context.Context, tx pgx.Tx, fence *stmt, stmts [][]stmt, idx []int,
 		}
 	}
 	if x != nil {
-		if err := readXact(br, x); err != nil {
+		if err := readXact(br.QueryRow(), x); err != nil {
 			_ = br.Close()
 			return -1, err
 		}

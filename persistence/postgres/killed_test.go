@@ -177,8 +177,8 @@ func TestConnectionEndedAfterItsAcquisitionFailsNoCall(t *testing.T) {
 // commits, its attempt counter counted once; aborted again, it fails with ErrUnavailable (a
 // daemon spools it) and is not run a third time. Before, each failed at once with
 // ErrUnavailable: not run again, since the server may have committed it
-// (TestLostCommitAnswerOfACommittedTransactionIsTaken). A transaction of the store's own
-// (BeginRun: no batch reads its id) still fails so.
+// (TestLostCommitAnswerOfACommittedTransactionIsTaken). A transaction of the store's own that
+// reads its id too (BeginRun: inTxSettled) runs again so; before, it failed at once.
 func TestLostCommitAnswerOfAnAbortedTransactionRunsAgain(t *testing.T) {
 	s, dsn := openUnchecked(t)
 	defer s.Close()
@@ -205,6 +205,8 @@ func TestLostCommitAnswerOfAnAbortedTransactionRunsAgain(t *testing.T) {
 			FOR EACH ROW WHEN (NEW.id = 'once') EXECUTE FUNCTION end_at_commit('once')`,
 		`CREATE CONSTRAINT TRIGGER end_at_commit AFTER UPDATE ON daemon_run DEFERRABLE INITIALLY DEFERRED
 			FOR EACH ROW WHEN (NEW.run = 'doomed') EXECUTE FUNCTION end_at_commit('always')`,
+		`CREATE CONSTRAINT TRIGGER end_once_at_commit AFTER UPDATE ON daemon_run DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.run = 'once') EXECUTE FUNCTION end_at_commit('once')`,
 	} {
 		if _, err := c.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -225,7 +227,14 @@ func TestLostCommitAnswerOfAnAbortedTransactionRunsAgain(t *testing.T) {
 	}{
 		{"commit aborted once", commit("once"), nil, 1, 1},
 		{"commit aborted twice", commit("doomed"), persistence.ErrUnavailable, 2, 1},
-		{"transaction", func() error { _, err := s.BeginRun(ctx, "doomed", t0); return err }, persistence.ErrUnavailable, 1, 1},
+		{"transaction aborted once", func() error {
+			if _, err := c.Exec(ctx, `ALTER SEQUENCE once_ended RESTART`); err != nil { // the commit's took it
+				return err
+			}
+			_, err := s.BeginRun(ctx, "once", t0)
+			return err
+		}, nil, 1, 1},
+		{"transaction aborted twice", func() error { _, err := s.BeginRun(ctx, "doomed", t0); return err }, persistence.ErrUnavailable, 2, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var before int64
@@ -253,6 +262,10 @@ func TestLostCommitAnswerOfAnAbortedTransactionRunsAgain(t *testing.T) {
 	}
 	if _, err := s.Session(ctx, "doomed"); !errors.Is(err, persistence.ErrNotFound) {
 		t.Errorf("Session(doomed) = %v, want persistence.ErrNotFound (the trigger ended each transaction)", err)
+	}
+	var run string
+	if err := c.QueryRow(ctx, `SELECT run FROM daemon_run`).Scan(&run); err != nil || run != "once" {
+		t.Errorf("the run recorded = %q, %v; want once (recorded by its transaction run again; doomed's never)", run, err)
 	}
 }
 

@@ -66,8 +66,10 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 		return nil, err
 	}
 	var u *persistence.UncleanStop
-	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		u = nil // (run again when its connection was dead: inTx)
+	// A record taken but told refused would be written again, and count this run's own stop
+	// (inTxSettled).
+	err = s.inTxSettled(ctx, "begin run", func(tx pgx.Tx) error {
+		u = nil // (run again when its connection was dead: inTxSettled)
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)
@@ -129,7 +131,7 @@ func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, e
 		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
 	}
 	var ids []string
-	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err = s.inTxSettled(ctx, "pardon", func(tx pgx.Tx) error {
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,9 +109,9 @@ func knowsXacts(version string) bool {
 // queueXact queues xactSQL on b, for readXact.
 func queueXact(b *pgx.Batch) { b.Queue(xactSQL) }
 
-// readXact reads the answer of the xactSQL queued last on br into x.
-func readXact(br pgx.BatchResults, x *xact) error {
-	if err := br.QueryRow().Scan(&x.id, &x.server.start, &x.server.statsReset); err != nil {
+// readXact reads the answer of an xactSQL (a batch's QueryRow, or a transaction's) into x.
+func readXact(row pgx.Row, x *xact) error {
+	if err := row.Scan(&x.id, &x.server.start, &x.server.statsReset); err != nil {
 		return fmt.Errorf("read the transaction's id: %w", err)
 	}
 	x.read = true
@@ -166,5 +167,69 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 		case <-t.C:
 		}
 		wait *= 2
+	}
+}
+
+// inTxSettled is inTx for a transaction of the store's own whose caller must not be told it
+// failed when it committed: BeginRun, whose record of the run its caller writes again until it
+// is taken (a second record counted an unclean stop of the run itself: a strike against each
+// head pending message it had begun, or had not counted yet), and Pardon, whose CLI said it
+// failed. After f the transaction reads its id (xactSQL: one round trip more, on a server that
+// keeps transactions' fates), and a connection lost once its COMMIT was sent is settled as a
+// commit's is (lostFate): committed, or with no id (it wrote nothing), it succeeds; aborted,
+// it runs once more, within inTx's one run more per call; unknown, it fails with the COMMIT's
+// error, as before. call names it in the logs. The store's other transactions (PullBack, a
+// prune step, a heartbeat) keep inTx: run again, each changes nothing more, and their callers
+// try again anyway (docs/ARCHITECTURE.md).
+func (s *Store) inTxSettled(ctx context.Context, call string, f func(tx pgx.Tx) error) error {
+	var (
+		sent bool
+		x    xact
+	)
+	run := func(c *pgxpool.Conn) error {
+		sent, x = false, xact{}
+		knows := knowsXacts(c.Conn().PgConn().ParameterStatus("server_version"))
+		return pgx.BeginTxFunc(ctx, c, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			if err := f(tx); err != nil {
+				return err
+			}
+			if knows {
+				if err := readXact(tx.QueryRow(ctx, xactSQL), &x); err != nil {
+					return err
+				}
+			}
+			sent = true // BeginTxFunc commits next
+			return nil
+		})
+	}
+	for retried := false; ; retried = true {
+		dead, err := s.attempt(ctx, retried, run)
+		switch {
+		case !dead || err == nil:
+			return err
+		case !sent: // the server commits nothing without a COMMIT
+			if retried {
+				return err
+			}
+			continue
+		case !x.read:
+			return err
+		}
+		fate, why := s.lostFate(ctx, x)
+		switch {
+		case fate == fateCommitted || fate == fateEmpty:
+			s.log.Info("a transaction's connection was lost after its COMMIT was sent; the server committed it, or it wrote nothing, so it succeeds",
+				"call", call, "xid", x.id.String, logging.Err(err))
+			return nil
+		case fate == fateAborted && !retried:
+			s.log.Warn("a transaction's connection was lost after its COMMIT was sent; the server aborted it, so nothing was written and it runs again",
+				"call", call, "xid", x.id.String, logging.Err(err))
+			continue
+		case fate == fateAborted:
+			why = "the server aborted it on its second run too"
+		}
+		s.log.Warn("a transaction's connection was lost after its COMMIT was sent; it fails as unavailable",
+			"call", call, "xid", x.id.String, "why", why, logging.Err(err))
+		return err
 	}
 }

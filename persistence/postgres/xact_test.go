@@ -17,6 +17,7 @@ import (
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -104,6 +105,29 @@ func (r *commitRelay) release() {
 		_ = up.Close()
 	}
 	r.held = nil
+}
+
+// cutAnswerOf runs call, a call of s through r, with r set to cut the next COMMIT's answer,
+// fails the test unless it cut one, and returns what the server answered s when asked for
+// the transaction's fate meanwhile.
+func (r *commitRelay) cutAnswerOf(t *testing.T, s *Store, call func()) (asked []string) {
+	t.Helper()
+	var mu sync.Mutex
+	s.asked = func(status string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, status)
+	}
+	before := r.cuts.Load()
+	r.mode.Store(relayCutAnswer)
+	call()
+	if n := r.cuts.Load() - before; n != 1 {
+		t.Fatalf("the relay cut %d COMMIT answers, want 1: the test does not test", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	s.asked = nil
+	return slices.Clone(asked)
 }
 
 // openRelayed opens a store of a new test database through a commitRelay, and returns it, the
@@ -236,19 +260,8 @@ func TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storetest.MustCommit(t, tc.s, stored...)
-			var mu sync.Mutex
-			var asked []string
-			tc.s.asked = func(status string) {
-				mu.Lock()
-				defer mu.Unlock()
-				asked = append(asked, status)
-			}
-			before := tc.r.cuts.Load()
-			tc.r.mode.Store(relayCutAnswer)
-			errs := tc.s.Commit(ctx, tc.groups)
-			if got := tc.r.cuts.Load() - before; got != 1 {
-				t.Fatalf("the relay cut %d COMMIT answers, want 1: the test does not test", got)
-			}
+			var errs []error
+			asked := tc.r.cutAnswerOf(t, tc.s, func() { errs = tc.s.Commit(ctx, tc.groups) })
 			for i, err := range errs {
 				switch {
 				case i == tc.refuse && !errors.Is(err, ErrConflict):
@@ -257,10 +270,71 @@ func TestLostCommitAnswerOfATransactionThatWroteNothingIsTaken(t *testing.T) {
 					t.Errorf("group %d of a commit that wrote nothing and whose answer was lost = %v, want nil", i, err)
 				}
 			}
-			mu.Lock()
-			defer mu.Unlock()
 			if !slices.Equal(asked, tc.asked) {
 				t.Errorf("the server was asked for the transaction's fate and answered %q, want %q", asked, tc.asked)
+			}
+		})
+	}
+}
+
+// TestLostCommitAnswerOfTheStoresOwnTransactionIsTaken: BeginRun and a pardon, whose
+// connection breaks after the server committed them (the relay ends it as the COMMIT's answer
+// passes), succeed as a commit does: the server's record of the transaction, by the id it read
+// before its COMMIT, says it committed. BeginRun returns the unclean stop it counted, once, and
+// a pardon what it pardoned. Before, both failed with ErrUnavailable: the daemon wrote the
+// record of its run again a second later, which counted an unclean stop of the run itself (a
+// strike against each head pending message it had begun, or had not counted yet), and the CLI
+// said a pardon done had failed.
+func TestLostCommitAnswerOfTheStoresOwnTransactionIsTaken(t *testing.T) {
+	s, r, dsn := openRelayed(t)
+	admin := mustConn(t, dsn)
+	ctx := context.Background()
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k0", SessionID: "s0", Generation: 1, UpdatedAt: t0}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1, MessageID: "m1", Active: true,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	if _, err := s.BeginRun(ctx, "r1", t0); err != nil { // a run that dies: the next start counts it
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		call     func() (any, error)
+		want     any
+		attempts int    // of s0/1 after the call
+		run      string // the run recorded after the call
+	}{
+		{"begin run", func() (any, error) {
+			u, err := s.BeginRun(ctx, "r2", t0.Add(time.Minute))
+			if u == nil {
+				return nil, err
+			}
+			return *u, err
+		}, persistence.UncleanStop{Run: "r1", StartedAt: t0, Counted: []persistence.CountedMessage{
+			{Key: "k0", SessionID: "s0", MessageID: "m1", Attempts: 1}}}, 1, "r2"},
+		{"pardon", func() (any, error) { return s.Pardon(ctx, "") },
+			persistence.Pardoned{Messages: 1, Sessions: 1}, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got any
+			var err error
+			asked := r.cutAnswerOf(t, s, func() { got, err = tc.call() })
+			if err != nil {
+				t.Errorf("%s whose answer was lost after the server committed it = %v, want nil", tc.name, err)
+			} else if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s whose answer was lost after the server committed it (-want +got):\n%s", tc.name, diff)
+			}
+			if !slices.Equal(asked, []string{"committed"}) {
+				t.Errorf("the server was asked for the transaction's fate and answered %q, want 'committed'", asked)
+			}
+			if n := mustAttempts(t, admin, "s0", 1); n != tc.attempts {
+				t.Errorf("attempts of s0/1 = %d, want %d", n, tc.attempts)
+			}
+			var run string
+			if err := admin.QueryRow(ctx, `SELECT run FROM daemon_run`).Scan(&run); err != nil {
+				t.Fatal(err)
+			}
+			if run != tc.run {
+				t.Errorf("the run recorded = %q, want %q", run, tc.run)
 			}
 		})
 	}
