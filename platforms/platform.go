@@ -213,7 +213,10 @@ const InterruptedMark = "\n\n⏹ (interrupted)"
 var (
 	// ErrDraining means the daemon is stopping and takes no new messages.
 	ErrDraining = errors.New("platforms: draining, not accepting messages")
-	// ErrUnavailable means the message could not be made durable (database and spool failed).
+	// ErrUnavailable means the message was not taken for now, and sending it again later may
+	// succeed: it could not be made durable (database and spool failed), its session did not
+	// answer in time, or the cluster member holding its session runs an older agentgate
+	// (OutdatedMemberError, which wraps it).
 	ErrUnavailable = errors.New("platforms: message could not be stored")
 	// ErrRejected means the session's queue is full and its overflow policy is reject.
 	ErrRejected = errors.New("platforms: queue full")
@@ -227,7 +230,10 @@ var (
 // OutdatedMemberError is the error of a request that the cluster member holding its session
 // did not know: that member runs an older agentgate (a rolling upgrade is under way), which
 // answered that it does not know the request (actors.Unsupported). Nothing was done; it can be
-// done once that member is upgraded. The HTTP API answers it 503 member_outdated.
+// done once that member is upgraded. The HTTP API answers it 503 member_outdated, Discord with a
+// notice to send the message again in a few minutes. It wraps ErrUnavailable: it ends when the
+// rolling upgrade does, so a caller that tells its sender to try again later on ErrUnavailable
+// does so for it too (TestOutdatedMemberErrorIsUnavailable).
 type OutdatedMemberError struct {
 	Address string // the member's cluster address
 	Node    string // its node name
@@ -240,6 +246,9 @@ func (e *OutdatedMemberError) Error() string {
 	return fmt.Sprintf("the cluster member that holds the session (%s, node %s) runs an older agentgate (%s), which does not know this request (%s): nothing was done; upgrade it (finish the rolling upgrade) and try again",
 		e.Address, e.Node, e.Version, e.Request)
 }
+
+// Unwrap returns ErrUnavailable: the request may be sent again once the member is upgraded.
+func (e *OutdatedMemberError) Unwrap() error { return ErrUnavailable }
 
 // ErrUndeliverable is wrapped by a Send error when the platform refused the message for good:
 // the chat is gone, the bot may not post there, the user does not take messages from it.

@@ -356,12 +356,19 @@ func userSaid(m *discordgo.Message, bot string) bool {
 }
 
 // refusal is what a user is told when the runtime did not take their message: never silence.
+// A message the cluster member holding its session did not know (OutdatedMemberError: it runs
+// an older agentgate, during a rolling upgrade) is asked for again in a few minutes, once the
+// upgrade is over; before, its sender was told that it could not be stored, to send it again
+// at once, which met the same member (TestMessageAnOlderMemberCannotTakeIsAskedForAgainLater).
 func refusal(err error) string {
+	_, outdated := errors.AsType[*platforms.OutdatedMemberError](err)
 	switch {
 	case errors.Is(err, platforms.ErrRejected):
 		return queueFullNotice
 	case errors.Is(err, platforms.ErrDraining):
 		return drainingNotice
+	case outdated:
+		return upgradingNotice
 	default:
 		return unstoredNotice
 	}
@@ -373,6 +380,7 @@ const (
 	queueFullNotice      = "I'm still working on your earlier messages and my queue for this conversation is full, so I did not take this one. Please send it again in a little while."
 	drainingNotice       = "I'm restarting and did not take this message. Please send it again in a minute."
 	unstoredNotice       = "I could not store this message, so I did not take it. Please send it again."
+	upgradingNotice      = "I'm in the middle of an upgrade and could not take this message yet. Please send it again in a few minutes."
 	unknownChannelNotice = "I could not look up this channel, so I did not take your message. Please send it again."
 	// panicNotice tells a sender that their message met a bug of the gateway's and was dropped.
 	panicNotice = "Something went wrong on my side while I was taking this message, so I did not take it. Please send it again; if this happens again, tell whoever runs this bot."
@@ -381,7 +389,7 @@ const (
 // notTakenNotices are the notices that ask a sender to send their message again: a backfill
 // that reads such a message back with the bot's notice replying to it does not take it
 // (askedAgain), as its sender was asked to send it again.
-var notTakenNotices = []string{queueFullNotice, drainingNotice, unstoredNotice, unknownChannelNotice, panicNotice}
+var notTakenNotices = []string{queueFullNotice, drainingNotice, unstoredNotice, upgradingNotice, unknownChannelNotice, panicNotice}
 
 // stopNoticeTimeout bounds the posts of the notices about the messages a stop met
 // (noticeCtx), all of them together: a few seconds, well within the platform actor's wait

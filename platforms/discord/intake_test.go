@@ -34,6 +34,7 @@ type heldDelivery struct {
 	withdrew []string
 	ids      map[string]bool // the message ids handed on
 	draining bool
+	refusal  error // when set, every delivery fails with it (refuse)
 }
 
 func newHeldDelivery() *heldDelivery {
@@ -50,10 +51,13 @@ func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platf
 	}
 	again := h.ids[in.MessageID]
 	h.ids[in.MessageID] = true
-	draining := h.draining
+	draining, refusal := h.draining, h.refusal
 	h.mu.Unlock()
 	if draining {
 		return nil, platforms.ErrDraining
+	}
+	if refusal != nil {
+		return nil, refusal
 	}
 	if again {
 		return &platforms.Ack{Disposition: platforms.Duplicate}, nil
@@ -63,6 +67,13 @@ func (h *heldDelivery) deliver(_ context.Context, in *platforms.Inbound) (*platf
 		<-h.release
 	}
 	return &platforms.Ack{Disposition: platforms.Started}, nil
+}
+
+// refuse makes every delivery from now on fail with err.
+func (h *heldDelivery) refuse(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refusal = err
 }
 
 // drain makes the runtime turn away what it is handed from now on.

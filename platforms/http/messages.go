@@ -184,6 +184,7 @@ func cancelAtStop(ctx context.Context, stop <-chan struct{}) (context.Context, c
 }
 
 func (p *Platform) writeDeliverError(w http.ResponseWriter, ack *platforms.Ack, in *platforms.Inbound, err error) {
+	// First: an OutdatedMemberError is ErrUnavailable too, which would answer it unavailable.
 	if oe, ok := errors.AsType[*platforms.OutdatedMemberError](err); ok {
 		writeOutdated(w, oe, in.MessageID)
 		return
