@@ -5,10 +5,12 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -116,4 +118,60 @@ func TestUnknownFieldsNamesThem(t *testing.T) {
 			t.Errorf("unknownFields(%x) = %q, want %q", c.unknown, got, c.want)
 		}
 	}
+}
+
+// TestLeavingManagerAnswersAForwardOfAnUnknownKindUnsupported: a manager whose member leaves
+// the cluster (Leave: it hands every key it does not run on to the key's successor) answers a
+// Forward of a kind it does not know Unsupported, as one that does not leave, whether a turn of
+// the key runs here (the drain waits for it) or the key has no session here: it does not hand
+// it on to the successor. It cannot: the request reads as no message at all, which nothing can
+// forward; a successor of the same version would not know it either, and the requester is
+// answered at once (the key's owner: ClusterRouter ends the request with an
+// OutdatedMemberError, or sends it again while it waits for this member to let go of the key).
+func TestLeavingManagerAnswersAForwardOfAnUnknownKindUnsupported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		releaseOnce := sync.OnceFunc(func() { close(release) })
+		defer releaseOnce() // a failed test must not leave the turn waiting
+		ran := make(chan string, 8)
+		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+			ran <- req.Messages[0].Text
+			<-release
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, agent, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "member-b", true, true })
+		slow := w.request("m1", "slow")
+		<-ran
+		sink, forwarded := w.forwardSink()
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return sink }})
+		drained := w.drain()
+
+		for _, key := range []string{w.key, "agent:main:fake:dm:c2"} {
+			res, err := w.system.Root.RequestFuture(w.manager, forwardFromANewerMember(t, key), time.Minute).Result()
+			if err != nil {
+				t.Errorf("%s: %v, want an answer at once", key, err)
+				continue
+			}
+			want := &Unsupported{Version: buildinfo.Version(), Address: w.system.Address(), Node: "member-b", Request: "Forward field 11", ToHolder: true}
+			if u, ok := res.(*Unsupported); !ok || !proto.Equal(u, want) {
+				t.Errorf("%s: answered %T %v, want %v", key, res, res, want)
+			}
+		}
+		synctest.Wait()
+		if len(forwarded) != 0 {
+			t.Errorf("the leaving manager handed on %v, want nothing while its turn runs", <-forwarded)
+		}
+		releaseOnce()
+		if _, err := slow.Result(); err != nil {
+			t.Fatal(err)
+		}
+		<-drained
+		synctest.Wait()
+		for len(forwarded) > 0 {
+			if f := <-forwarded; f.GetRecover() == nil || f.Key != w.key {
+				t.Errorf("the leaving manager handed on %v, want only the Recover of %s", f, w.key)
+			}
+		}
+		ranNone(t, ran)
+	})
 }
