@@ -42,17 +42,22 @@ func startClusterOn(t *testing.T, dsn string, n int, agent agents.Agent, drain t
 	for range n {
 		rs = append(rs, startClusterMember(t, dsn, agent, drain, tweaks...))
 	}
-	// Every member must see all of them before the test routes: a member that has not yet seen
-	// the others would place every key on itself.
+	waitForMembers(t, rs)
+	return rs
+}
+
+// waitForMembers waits until every member of rs sees all of them: a member that has not yet
+// seen the others would place every key on itself, so a test routes only after.
+func waitForMembers(t testing.TB, rs []*runtime) {
+	t.Helper()
 	waitUntil(t, func() bool {
 		for _, r := range rs {
-			if len(r.d.cluster.MemberList.Members().Members()) != n {
+			if len(r.d.cluster.MemberList.Members().Members()) != len(rs) {
 				return false
 			}
 		}
 		return true
 	})
-	return rs
 }
 
 // okAgent answers "ok <text>".

@@ -82,6 +82,10 @@ type Options struct {
 	// the start). Before, serve's second signal during the start, or in the instant after Start
 	// returned, exited without Abort: the clean stop unrecorded, the agents' commands running on.
 	Abortable func(abort func())
+	// managerMiddleware wraps the receive of the session manager: a test's stand-in for a
+	// member of an older version, which reads a kind of Forward it does not know
+	// (TestClusterRequestAnOlderMemberDoesNotKnowIsAnswered503MemberOutdated). Tests only.
+	managerMiddleware []actor.ReceiverMiddleware
 }
 
 // stopContext is ctx, also ended once stop is closed (a nil stop never is); cancel releases it.
@@ -137,6 +141,8 @@ type Daemon struct {
 	dispatcher *actors.Dispatcher
 	agent      agents.Agent
 	deps       *actors.Deps
+	// managerMiddleware wraps the session manager's receive (Options.managerMiddleware).
+	managerMiddleware []actor.ReceiverMiddleware
 
 	http      *httpplatform.Platform
 	platforms []platforms.Platform
@@ -238,7 +244,8 @@ func (d *Daemon) actorStopped(pid *actor.PID, reason any) {
 // listener first, before the store opens (a taken port makes nothing on disk), and returns
 // once the tree runs.
 func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
-	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}, fatal: make(chan error, 1)}
+	d := &Daemon{cfg: cfg, log: log, health: map[string]*actors.PlatformHealth{}, fatal: make(chan error, 1),
+		managerMiddleware: opts.managerMiddleware}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
@@ -1329,7 +1336,13 @@ func platformProps(p platforms.Platform) func(d *Daemon) *actor.Props {
 	}
 }
 
-func managerProps(d *Daemon) *actor.Props { return actors.NewSessionManager(d.deps) }
+func managerProps(d *Daemon) *actor.Props {
+	p := actors.NewSessionManager(d.deps)
+	if len(d.managerMiddleware) > 0 {
+		p.Configure(actor.WithReceiverMiddleware(d.managerMiddleware...))
+	}
+	return p
+}
 
 func probationProps(d *Daemon) *actor.Props { return actors.NewProbation(d.deps) }
 

@@ -1,12 +1,12 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,8 +38,17 @@ func (p *stopsLate) Send(context.Context, *platforms.Outbound) error { return ni
 // and error body.
 func postMessage(t *testing.T, d *Daemon) (status int, retryAfter string, body httpplatform.ErrorResponse) {
 	t.Helper()
-	resp, err := http.Post("http://"+d.Addr().String()+"/v1/messages", "application/json",
-		strings.NewReader(`{"chat_id":"c","user_id":"u","text":"hello","message_id":"m1"}`))
+	return postMessageTo(t, d, "c", "m1")
+}
+
+// postMessageTo is postMessage of a message with id in chat.
+func postMessageTo(t *testing.T, d *Daemon, chat, id string) (status int, retryAfter string, body httpplatform.ErrorResponse) {
+	t.Helper()
+	req, err := json.Marshal(map[string]string{"chat_id": chat, "user_id": "u", "text": "hello", "message_id": id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+d.Addr().String()+"/v1/messages", "application/json", bytes.NewReader(req))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/agentgate/agentgate/platforms"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
 	"github.com/agentgate/agentgate/platforms/platformtest"
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -53,6 +54,8 @@ type daemonOpts struct {
 	wrap func(persistence.Store) persistence.Store
 	// shared runs the daemon as a member of a shared store (Options.SharedStore).
 	shared bool
+	// managerMiddleware wraps its session manager's receive (Options.managerMiddleware).
+	managerMiddleware []actor.ReceiverMiddleware
 }
 
 // MustStartDaemon starts a daemon with agent, HTTP on a loopback port and a fake platform. The
@@ -83,7 +86,8 @@ func MustStartDaemon(t testing.TB, agent agents.Agent, o daemonOpts) *runtime {
 	if o.logs != nil {
 		log = slog.New(slog.NewTextHandler(o.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{platform}, Now: o.now, DraftInterval: o.draftInterval, WrapStore: o.wrap, SharedStore: o.shared})
+	d, err := Start(t.Context(), cfg, log, Options{Agent: agent, Platforms: []platforms.Platform{platform}, Now: o.now, DraftInterval: o.draftInterval, WrapStore: o.wrap, SharedStore: o.shared,
+		managerMiddleware: o.managerMiddleware})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
