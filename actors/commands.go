@@ -466,10 +466,10 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 // Before, it stayed active, failed as the message of a turn /stop cancelled is (which stays in
 // the conversation), and every reload gave it to the agent
 // (TestDroppedMessagesStayOutOfReloadedHistory).
-func unrunOps(sessionID string, seq int64) []persistence.Op {
+func unrunOps(sessionID string, seqs ...int64) []persistence.Op {
 	return []persistence.Op{
-		&persistence.SetMessageStatus{SessionID: sessionID, Seqs: []int64{seq}, Status: persistence.StatusFailed},
-		&persistence.ArchiveMessages{SessionID: sessionID, Seqs: []int64{seq}},
+		&persistence.SetMessageStatus{SessionID: sessionID, Seqs: seqs, Status: persistence.StatusFailed},
+		&persistence.ArchiveMessages{SessionID: sessionID, Seqs: seqs},
 	}
 }
 

@@ -87,7 +87,12 @@ type rareState struct {
 	overdue     *overdue // a reset that fell due while the session worked (expireIfIdle)
 	// unsure are the inbound writes of this activation that failed in a way that may have
 	// committed (a COMMIT whose answer was lost), by message id (adoptStored, adoptUnsure).
-	unsure  map[string]*item
+	unsure map[string]*item
+	// copies are the seqs of earlier writes of messages taken since under another seq, whose
+	// answers were lost (unsure then), by message id: such a write may be stored as well (in
+	// the spool while the database fails), and the later one is then refused as its duplicate
+	// at the replay (noteCopy, withdraw.go).
+	copies  map[string]seqOf
 	handoff []routed // requests for the key's next activation, sent once the session stops
 	// refusedWhy and refusedErr say why the session starts again from the store after a write
 	// refused as unavailable (restartFromStoreAt): its manager's line says it (passivate).
@@ -140,7 +145,7 @@ func (s *Session) rare() *rareState {
 // message it handles; no code keeps a pointer to it across messages.
 func (s *Session) tidyRare() {
 	if r := s.unusual; r != nil && r.continuity == "" && len(r.interrupted) == 0 && r.overdue == nil &&
-		len(r.unsure) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
+		len(r.unsure) == 0 && len(r.copies) == 0 && len(r.handoff) == 0 && r.probation == nil && r.life == nil && len(r.ending) == 0 && r.spill == nil && len(r.aside) == 0 &&
 		len(r.dropped) == 0 && len(r.commands) == 0 && r.loadFailed == nil && r.held == nil && len(r.withdrawals) == 0 {
 		s.unusual = nil
 	}

@@ -250,6 +250,62 @@ func (s *Session) logAdopted(it *item) {
 		"message_id", it.messageID, "seq", it.seq)
 }
 
+// seqOf names a message row by its session and seq.
+type seqOf struct {
+	sessionID string
+	seq       int64
+}
+
+// noteCopy remembers, for a withdrawal, the seq of an earlier write of it whose answer was lost
+// (rememberUnsure), when it was taken under another seq of the same session: that write may be
+// stored too. So it is when it went to the spool though the spool reported it failed (a batch
+// it could not take back), or when it committed and its answer was lost while the database
+// could not be read: its sender sends the message again, the write again goes to the spool
+// while the database fails (no dedupe there), and at the replay the earlier copy is stored and
+// the later one refused as its duplicate. A withdrawal that archived the later seq only
+// archived nothing, said the message was withdrawn, and the earlier copy ran
+// (TestWithdrawnMessageSpooledTwiceDoesNotRun). The seq is this activation's and the
+// message's alone: no other write of the session is given it. At most idSetMax are kept.
+func (s *Session) noteCopy(it *item) {
+	u := s.unusual
+	if u == nil {
+		return
+	}
+	e, ok := u.unsure[it.messageID]
+	if !ok || e.sessionID != it.sessionID || e.seq == it.seq {
+		return
+	}
+	if u.copies == nil {
+		u.copies = map[string]seqOf{}
+	}
+	for k := range u.copies {
+		if len(u.copies) < idSetMax {
+			break
+		}
+		delete(u.copies, k)
+	}
+	u.copies[it.messageID] = seqOf{e.sessionID, e.seq}
+}
+
+// seqsOf returns the seqs of it's rows: its own, and an earlier copy's that may be stored too
+// (noteCopy).
+func (s *Session) seqsOf(it *item) []int64 {
+	if u := s.unusual; u != nil {
+		if e, ok := u.copies[it.messageID]; ok && e.sessionID == it.sessionID && e.seq != it.seq {
+			return []int64{it.seq, e.seq}
+		}
+	}
+	return []int64{it.seq}
+}
+
+// forgetCopy forgets the earlier copy of messageID's write, if any (noteCopy): its rows are
+// archived.
+func (s *Session) forgetCopy(messageID string) {
+	if s.unusual != nil {
+		delete(s.unusual.copies, messageID)
+	}
+}
+
 // forgetUnsure forgets the unsure write of messageID, if any (rememberUnsure).
 func (s *Session) forgetUnsure(messageID string) {
 	if s.unusual != nil {
@@ -678,6 +734,7 @@ func (s *Session) accepted(c actor.Context, it *item, m *Deliver, created bool, 
 		return
 	}
 	it.durable = true
+	s.noteCopy(it)
 	s.forgetUnsure(it.messageID) // stored now, whether or not the earlier write was
 	if it.dropped {
 		// A command dropped the session's work while this write was in flight: the message is

@@ -118,7 +118,10 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 	}
 	requester := c.Sender()
 	orphaned := func(c actor.Context, why string) { c.Send(requester, &WithdrawResult{Error: why}) }
-	ops := []persistence.Op{&persistence.ArchiveMessages{SessionID: it.sessionID, Seqs: []int64{it.seq}}}
+	// With the seq of an earlier copy of its write that the store may hold (noteCopy): the
+	// copy the replay of the spool stores may be that one, the later refused as its duplicate.
+	seqs := s.seqsOf(it)
+	ops := []persistence.Op{&persistence.ArchiveMessages{SessionID: it.sessionID, Seqs: seqs}}
 	r := s.rare()
 	r.withdrawals = append(r.withdrawals, it)
 	s.writeFor(c, ops, orphaned, func(c actor.Context, err error) {
@@ -142,7 +145,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 				// after the /stop or in the new session, nor left pending in the ended one, to
 				// run if it is resumed (TestRefusedWithdrawalAfterANewSessionRunsNothing,
 				// TestRefusedWithdrawalAfterAStopRunsNothing).
-				s.writeFor(c, unrunOps(it.sessionID, it.seq), orphaned, func(c actor.Context, err error) {
+				s.writeFor(c, unrunOps(it.sessionID, seqs...), orphaned, func(c actor.Context, err error) {
 					if err != nil {
 						if s.cur != nil && s.cur.ID == it.sessionID {
 							s.logger().Warn("a message its sender deleted, dropped since by a /stop, could not be set aside; it stays pending in the store and runs when the session next loads from it (a restart)",
@@ -154,6 +157,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 						c.Send(requester, &WithdrawResult{Error: "the withdrawal could not be stored: " + err.Error()})
 						return
 					}
+					s.forgetCopy(it.messageID)
 					c.Send(requester, &WithdrawResult{Withdrawn: true})
 				})
 				return
@@ -173,6 +177,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 			c.Send(requester, &WithdrawResult{Error: "the withdrawal could not be stored: " + err.Error()})
 			return
 		}
+		s.forgetCopy(it.messageID)
 		c.Send(requester, &WithdrawResult{Withdrawn: true})
 	})
 	if spilled && s.spilling() == sp {

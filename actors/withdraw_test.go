@@ -637,3 +637,88 @@ func TestDeletedRunningMessageWhileTheSpoolHoldsMoreThanItRemembersIsNoError(t *
 		}
 	})
 }
+
+// leakySpool is a spool whose appends, while leak is set, store the batch but report that they
+// failed: the spool's own case of a batch whose directory entry may not be durable and that it
+// could not take back (spool.Append: "it is there and will be replayed").
+type leakySpool struct {
+	persistence.Spooler
+	leak atomic.Bool
+}
+
+func (l *leakySpool) Append(groups [][]persistence.Op) (string, error) {
+	name, err := l.Spooler.Append(groups)
+	if err == nil && l.leak.Load() {
+		return "", fmt.Errorf("spool append %s: sync spool directory: input/output error (test)", name)
+	}
+	return name, err
+}
+
+// TestWithdrawnMessageSpooledTwiceDoesNotRun: a message whose first write went to the spool
+// though the spool reported it failed (its sender told it was not stored), sent again and
+// spooled again under a later seq while the database fails, and then deleted by its sender, does
+// not run: at the replay the first copy is stored and the second refused as its duplicate, and
+// the withdrawal archives the first copy too. Spilled past the queue's cap (in the spool, read
+// back once it drains) and in memory (run from the store after a restart). Before, the
+// withdrawal archived the second copy's seq only, which the database never held, reported the
+// message withdrawn, and the first copy ran and was answered.
+func TestWithdrawnMessageSpooledTwiceDoesNotRun(t *testing.T) {
+	for _, spilled := range []bool{true, false} {
+		t.Run(fmt.Sprint("spilled=", spilled), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &storetest.Outage{}
+				leaky := &leakySpool{}
+				a := newRequeueAgent()
+				w, _ := spoolWorldThrough(t, dir, out, a, func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky })
+				w.deliver(t, "m0", "hold")
+				var ids []string
+				if spilled {
+					ids = w.flood(t, 1, 2, 10)
+				}
+				out.Down.Store(true)
+				if spilled {
+					ids = append(ids, w.flood(t, 3, 4, 10)...)
+				}
+				leaky.leak.Store(true)
+				if r := w.deliver(t, "x", "x"); r.ErrorCode != "unavailable" {
+					t.Fatalf("x, whose spool append is reported failed: %+v, want unavailable", r)
+				}
+				leaky.leak.Store(false)
+				if r := w.deliver(t, "x", "x"); r.Disposition != platforms.Queued || r.ErrorCode != "" {
+					t.Fatalf("x sent again: %+v, want queued", r)
+				}
+				if r := w.withdraw(t, "x"); !r.Withdrawn || r.Error != "" {
+					t.Fatalf("withdrawal of x = %+v, want withdrawn", r)
+				}
+				want := append([]string{"m0"}, ids...)
+				if spilled {
+					close(a.hold)
+					time.Sleep(10 * time.Second)
+					synctest.Wait()
+					out.Down.Store(false)
+				} else {
+					w.stop() // m0's turn is cut short: it runs again
+					synctest.Wait()
+					out.Down.Store(false)
+					a = newRequeueAgent()
+					close(a.hold)
+					var left int
+					if w, left = spoolWorldThrough(t, dir, out, a, func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }); left == 0 {
+						t.Fatal("the spool was empty at the restart: the test does not test")
+					}
+					w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+				}
+				w.awaitTurnEndsWithin(t, len(want), time.Minute)
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				if got := a.order(); !slices.Equal(got, want) {
+					t.Errorf("turns ran %v, want %v: not the withdrawn x", got, want)
+				}
+				if m := w.rowOf(t, "x"); m.Active || !m.Archived || m.Status != persistence.StatusPending {
+					t.Errorf("x's row = %+v, want archived unrun", m)
+				}
+			})
+		})
+	}
+}
