@@ -162,7 +162,7 @@ func (s *Session) onWithdraw(c actor.Context, m *Withdraw) {
 				})
 				return
 			case fromSpool:
-				s.unwithdrawSpooled(it)
+				s.unwithdrawSpooled(it, err)
 				s.tryStart(c)
 			case spilled:
 				// Where its seq puts it now: in memory if the spill was read back past it,
@@ -208,12 +208,17 @@ func (s *Session) spilledItem(sp *spill, src identity.Source, id string) (it *it
 }
 
 // unwithdrawSpooled puts it, a spilled message found in the spool (spill.spooled) whose
-// withdrawal's archive the store refused, back where its seq puts it: among the spilled
-// messages, still to be read back with its text, and remembered again while writes wait in the
-// spool; or, if the spill was read back past it meanwhile (the spool drained: the database
-// holds it now), in memory, read from the store for its text. If that read fails it stays
-// pending in the store, and runs when the session next loads from it.
-func (s *Session) unwithdrawSpooled(it *item) {
+// withdrawal's archive the store refused (refused: the database failing, and the spool too),
+// back where its seq puts it: among the spilled messages, still to be read back with its text,
+// and remembered again while writes wait in the spool; or, if the spill was read back past it
+// meanwhile (the spool drained), in memory, read from the store for its text. If that read
+// fails it does not run now; the spool's replay stored it, as a rule (else it set the write
+// aside, or refused it as an earlier copy's duplicate), pending, and it runs when the session
+// next loads from the store. The line says so, with both errors: before, it said that the store
+// refused the withdrawal and that the message stayed pending in the store and ran at a restart,
+// though the session could not read the store and the load need not be a restart
+// (TestRefusedSpooledWithdrawalTheDatabaseCannotReadBackSaysWhatItKnows).
+func (s *Session) unwithdrawSpooled(it *item, refused error) {
 	if sp := s.spilling(); sp != nil && it.seq > sp.after && it.seq <= sp.through {
 		sp.stored++
 		if s.d.Spooling.Load() {
@@ -226,9 +231,12 @@ func (s *Session) unwithdrawSpooled(it *item) {
 		return // not pending there: nothing to run
 	}
 	if err != nil {
-		s.logger().Warn("a message its sender deleted, whose withdrawal the store refused, could not be read back to run in its place; it stays pending in the store and runs when the session next loads from it (a restart)",
-			"message_id", it.messageID, "seq", it.seq, logging.Err(err))
+		s.logger().Warn(msgUnwithdrawnUnread,
+			"message_id", it.messageID, "seq", it.seq, "archive", refused.Error(), logging.Err(err))
 		return
 	}
 	s.queueInPlace(s.storedItem(row))
 }
+
+// msgUnwithdrawnUnread is unwithdrawSpooled's line; docs/RUNBOOK.md explains it.
+const msgUnwithdrawnUnread = "a message its sender deleted could not be withdrawn (the database and the spool both refused its archive) nor read back to run in its place (the database did not answer); it does not run now, and runs at the session's next load from the store if the spool's replay stored it"

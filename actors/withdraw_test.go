@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/spool"
 	"github.com/agentgate/agentgate/persistence/storetest"
@@ -721,4 +723,112 @@ func TestWithdrawnMessageSpooledTwiceDoesNotRun(t *testing.T) {
 			})
 		})
 	}
+}
+
+// refuseArchiveOnCue holds a commit that archives rows while cue is set, until release is
+// closed, and then refuses it as unavailable (the database failing); other commits go through.
+type refuseArchiveOnCue struct {
+	persistence.Store
+	cue     atomic.Bool
+	release chan struct{}
+}
+
+func (r *refuseArchiveOnCue) Commit(ctx context.Context, groups [][]persistence.Op) []error {
+	if r.cue.Load() && slices.ContainsFunc(groups, func(g []persistence.Op) bool {
+		return slices.ContainsFunc(g, func(op persistence.Op) bool { _, ok := op.(*persistence.ArchiveMessages); return ok })
+	}) {
+		<-r.release
+		errs := make([]error, len(groups))
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: connection refused (test)", persistence.ErrUnavailable)
+		}
+		return errs
+	}
+	return r.Store.Commit(ctx, groups)
+}
+
+// TestRefusedSpooledWithdrawalTheDatabaseCannotReadBackSaysWhatItKnows: a spilled message whose
+// write waited in the spool is withdrawn, the database and the spool both refuse its archive,
+// the spill is read back past it meanwhile, and the database then cannot be read for it: the
+// session's line says what happened (the archive refused by both, the read failed), that the
+// message does not run now, and that it runs at the session's next load only if the
+// spool's replay stored it, with the message, its seq and both errors. Before, it said the store
+// refused the withdrawal and that the message stayed pending in the store and ran at a restart,
+// though the session could not read the store, and the replay may have set the write aside.
+func TestRefusedSpooledWithdrawalTheDatabaseCannotReadBackSaysWhatItKnows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		out := &storetest.Outage{}
+		cue := &refuseArchiveOnCue{release: make(chan struct{})}
+		full := &fullSpool{}
+		blind := &blindReads{}
+		opened, err := spool.Open(filepath.Join(t.TempDir(), "spool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		full.Spooler = opened
+		a := newRequeueAgent()
+		var deps *Deps
+		w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), a,
+			func(d *Deps) {
+				deps, d.Config.QueueCap = d, 2
+				d.Log = slog.New(slog.NewTextHandler(&logs, nil))
+				blind.wrap(d)
+			},
+			func(s persistence.Store) persistence.Store { cue.Store = s; out.Store = cue; return out },
+			func(o *persistence.ActorOptions) {
+				o.Spool, o.Spooling, o.ReplayEvery = full, &deps.Spooling, time.Second
+			})
+		w.deliver(t, "m0", "hold")
+		w.flood(t, 1, 2, 10)
+		out.Down.Store(true)
+		w.flood(t, 3, 6, 10) // spilled, their writes in the spool
+		out.Down.Store(false)
+		time.Sleep(2 * time.Second) // the spool replayed
+		synctest.Wait()
+		if deps.Spooling.Load() {
+			t.Fatal("the spool did not drain")
+		}
+		cue.cue.Store(true)
+		m4 := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &Withdraw{Source: sourceToProto(w.src), MessageId: "m4"}}, time.Hour)
+		synctest.Wait() // m4's archive held
+		cue.cue.Store(false)
+		// m1 leaves the queue in memory: the spill is read back, past m4, whose archive is in
+		// flight.
+		m1 := w.system.Root.RequestFuture(w.manager, &Routed{Key: w.key, Msg: &Withdraw{Source: sourceToProto(w.src), MessageId: "m1"}}, time.Hour)
+		synctest.Wait() // its archive waits behind m4's
+		blind.on.Store(true)
+		full.full.Store(true)
+		close(cue.release)
+		if r, err := m1.Result(); err != nil || !r.(*WithdrawResult).Withdrawn {
+			t.Fatalf("withdrawal of m1 = %+v %v, want withdrawn", r, err)
+		}
+		res, err := m4.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.(*WithdrawResult); r.Withdrawn || r.Error == "" {
+			t.Fatalf("withdrawal of m4 whose archive both refused = %+v, want not withdrawn, with the error", r)
+		}
+		blind.on.Store(false)
+		full.full.Store(false)
+		const want = "a message its sender deleted could not be withdrawn (the database and the spool both refused its archive) nor read back to run in its place (the database did not answer); it does not run now, and runs at the session's next load from the store if the spool's replay stored it"
+		logged := logs.String()
+		line := ""
+		for l := range strings.Lines(logged) {
+			if strings.Contains(l, "m4") && strings.Contains(l, "level=WARN") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, want) || !strings.Contains(line, "message_id=m4") || !strings.Contains(line, "seq=") ||
+			!strings.Contains(line, "connection refused (test)") || !strings.Contains(line, "no space left on device (test)") {
+			t.Errorf("the line of m4 = %q, want %q with the message, its seq, the read's error and the archive's\n%s", line, want, logged)
+		}
+		close(a.hold)
+		w.awaitTurnEnds(5) // m0, m2, m3, m5, m6
+		synctest.Wait()
+		if got, want := a.order(), []string{"m0", "m2", "m3", "m5", "m6"}; !slices.Equal(got, want) {
+			t.Errorf("turns ran %v, want %v: not m4 now", got, want)
+		}
+	})
 }
