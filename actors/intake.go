@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/agentgate/agentgate/internal/identity"
@@ -105,46 +106,81 @@ func (in *Intake) Withdraw(ctx context.Context, src identity.Source, id string) 
 	return in.withdraw(ctx, in.Key(src), src, id)
 }
 
-// WithdrawStored implements platforms.WithdrawStored: it finds message id of chatID in the
-// store (one read by the index of inbound ids) and, while the message waits there unanswered,
-// asks the session it was stored in to take it back, by that session's key (the key the
-// message was delivered under, whatever the platform knows of its sender now), on whichever
-// member owns the key, if that session is of thread threadID (posted in the chat itself: of
-// no thread, or of the thread opened from the message, whose id is the message's). A message
-// the store does not hold, or holds answered or archived, is not asked about: the platform
-// falls back on the store for every deletion it cannot place, chatter the bot never took
-// included. Nor is one of another thread of the chat: the index names the chat only, and a
-// thread's chat is its parent channel, which its sibling threads share; a deletion naming
-// thread T withdrew a message of the same id stored for a sibling (a review found it; the
-// platform's ids are unique, so only a forged or mistaken event could name one). The Source is
-// zero with an error when the store could not tell whether it holds the message.
-func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, threadID, id string) (identity.Source, bool, error) {
-	if in.store == nil || id == "" {
-		return identity.Source{}, false, nil
+// WithdrawStored implements platforms.WithdrawStored: it finds the messages ids of chatID in
+// the store (one read by the index of inbound ids, FindInbounds, for a purge's 100 as for one)
+// and, for each that waits there unanswered, asks the session it was stored in to take it back,
+// by that session's key (the key the message was delivered under, whatever the platform knows
+// of its sender now), on whichever member owns the key, if that session is of thread threadID
+// (posted in the chat itself: of no thread, or of the thread opened from the message, whose id
+// is the message's), all at once. A message the store does not hold, or holds answered or
+// archived, is not asked about: the platform falls back on the store for every deletion it
+// cannot place, chatter the bot never took included. Nor is one of another thread of the chat:
+// the index names the chat only, and a thread's chat is its parent channel, which its sibling
+// threads share; a deletion naming thread T withdrew a message of the same id stored for a
+// sibling (a review found it; the platform's ids are unique, so only a forged or mistaken event
+// could name one). Each session is read once. A withdrawal that panics fails with the panic's
+// value. Before, each id cost its own reads (TestBulkDeleteOfMessagesTakenBeforeARestartReadsTheStoreOnce).
+func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, threadID string, ids []string) []platforms.StoredWithdrawal {
+	out := make([]platforms.StoredWithdrawal, len(ids))
+	for i, id := range ids {
+		out[i].ID = id
 	}
-	m, err := in.store.FindInbound(ctx, platform, chatID, id)
-	if errors.Is(err, persistence.ErrNotFound) {
-		return identity.Source{}, false, nil
+	if in.store == nil || len(ids) == 0 {
+		return out
 	}
+	rows, err := in.store.FindInbounds(ctx, platform, chatID, ids)
 	if err != nil {
-		return identity.Source{}, false, fmt.Errorf("withdraw %s: %w", id, err)
+		for i, id := range ids {
+			if id != "" {
+				out[i].Err = fmt.Errorf("withdraw %s: %w", id, err)
+			}
+		}
+		return out
 	}
-	if m.Status != persistence.StatusPending || !m.Active || m.Archived {
-		return identity.Source{}, false, nil // answered or set aside already
+	stored := make(map[string]*persistence.Message, len(rows))
+	for i := range rows {
+		stored[rows[i].MessageID] = &rows[i]
 	}
-	s, err := in.store.Session(ctx, m.SessionID)
-	if err != nil {
-		// The message waits: the platform says it is answered.
-		return identity.Source{Platform: m.Platform, ChatID: m.ChatID, UserID: m.UserID, UserName: m.UserName},
-			false, fmt.Errorf("withdraw %s: %w", id, err)
+	type session struct {
+		s   *persistence.Session
+		err error
 	}
-	if s.ThreadID != threadID && (threadID != "" || s.ThreadID != id) {
-		return identity.Source{}, false, nil // another thread's message
+	sessions := map[string]session{}
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		m := stored[id]
+		if m == nil || m.Status != persistence.StatusPending || !m.Active || m.Archived {
+			continue // not taken, or answered or set aside already
+		}
+		ss, ok := sessions[m.SessionID]
+		if !ok {
+			ss.s, ss.err = in.store.Session(ctx, m.SessionID)
+			sessions[m.SessionID] = ss
+		}
+		if ss.err != nil {
+			// The message waits: the platform says it is answered.
+			out[i].Source = identity.Source{Platform: m.Platform, ChatID: m.ChatID, UserID: m.UserID, UserName: m.UserName}
+			out[i].Err = fmt.Errorf("withdraw %s: %w", id, ss.err)
+			continue
+		}
+		s := ss.s
+		if s.ThreadID != threadID && (threadID != "" || s.ThreadID != id) {
+			continue // another thread's message
+		}
+		src := identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
+			UserID: m.UserID, UserName: m.UserName, ScopeID: s.ScopeID, Profile: s.Profile}
+		out[i].Source = src
+		wg.Go(func() {
+			defer func() {
+				if v := recover(); v != nil {
+					out[i].Taken, out[i].Err = false, fmt.Errorf("withdraw %s: withdraw panicked: %v", id, v)
+				}
+			}()
+			out[i].Taken, out[i].Err = in.withdraw(ctx, s.Key, src, id)
+		})
 	}
-	src := identity.Source{Platform: s.Platform, ChatType: s.ChatType, ChatID: s.ChatID, ThreadID: s.ThreadID,
-		UserID: m.UserID, UserName: m.UserName, ScopeID: s.ScopeID, Profile: s.Profile}
-	taken, err := in.withdraw(ctx, s.Key, src, id)
-	return src, taken, err
+	wg.Wait()
+	return out
 }
 
 // withdraw asks the session of key to take back message id of src.

@@ -612,6 +612,11 @@ type Store interface {
 	LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*Snapshot, error)
 	// FindInbound finds a user message by its platform identity; ErrNotFound if absent.
 	FindInbound(ctx context.Context, platform, chatID, messageID string) (*Message, error)
+	// FindInbounds is FindInbound for many ids of one chat, in one read: the user messages of
+	// chatID of platform whose ids are among messageIDs, by message id; those it does not hold
+	// (and empty ids) are left out, without an error. A moderator's purge of up to 100 messages
+	// costs one read, not one for each.
+	FindInbounds(ctx context.Context, platform, chatID string, messageIDs []string) ([]Message, error)
 	// RepliesTo returns the outbox entries of a session key with seq > after that answer a
 	// message id, by seq. A session reports the key's outbox seq before it took a message
 	// (DeliverResult.OutboxAfter): every entry that answers the message comes after it, and a

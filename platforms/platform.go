@@ -66,20 +66,30 @@ type Deliver func(ctx context.Context, in *Inbound) (*Ack, error)
 // turn has begun is left as it is. It reports whether the message was taken back.
 type Withdraw func(ctx context.Context, src identity.Source, id string) (bool, error)
 
-// WithdrawStored takes back message id, posted in chat chatID of platform (in its thread
-// threadID; "" for one posted in the chat itself), which its sender deleted on the platform and
-// whose Source the platform does not know: it did not deliver the message itself (another
-// process did, before a restart, or another cluster member that held the platform's connection
-// then). The runtime finds the message in the store, by the index of inbound ids, and asks the
-// session that holds it, by the session's own key, as Withdraw does; only if that session is
-// the thread's (for a message posted in the chat itself, the chat's or the thread opened from
-// the message): the store's index names the chat, and a thread's chat is its parent, shared
-// with its sibling threads. It reports whether the message was taken back and, if so, the
-// Source of its session (UserID and UserName the message's sender's). A message the store does
-// not hold, or holds answered, costs that one read. With an error, src is zero when the store could not tell
-// whether it holds the message (its read failed: it may be chatter the platform never
-// delivered), and names the message's chat when it holds it waiting (it is answered).
-type WithdrawStored func(ctx context.Context, platform, chatID, threadID, id string) (src identity.Source, taken bool, err error)
+// WithdrawStored takes back the messages ids, posted in chat chatID of platform (in its thread
+// threadID; "" for those posted in the chat itself), which their senders deleted on the platform
+// (one, or a moderator's purge) and whose Sources the platform does not know: it did not deliver
+// them itself (another process did, before a restart, or another cluster member that held the
+// platform's connection then). The runtime finds the messages in the store, by the index of
+// inbound ids, all in one read, and asks the session that holds each, by the session's own key,
+// as Withdraw does; only if that session is the thread's (for a message posted in the chat
+// itself, the chat's or the thread opened from the message): the store's index names the chat,
+// and a thread's chat is its parent, shared with its sibling threads. It returns the outcome of
+// each id, in the order of ids. Messages the store does not hold, or holds answered, cost that
+// one read together.
+type WithdrawStored func(ctx context.Context, platform, chatID, threadID string, ids []string) []StoredWithdrawal
+
+// StoredWithdrawal is the outcome of WithdrawStored for message ID: whether it was taken back
+// and, if so, the Source of its session (UserID and UserName the message's sender's). With an
+// error, Source is zero when the store could not tell whether it holds the message (its read
+// failed: it may be chatter the platform never delivered), and names the message's chat when it
+// holds it waiting (it is answered).
+type StoredWithdrawal struct {
+	ID     string
+	Source identity.Source
+	Taken  bool
+	Err    error
+}
 
 // Outbound kinds.
 const (

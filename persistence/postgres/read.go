@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/agentgate/agentgate/persistence"
@@ -192,6 +193,27 @@ func scanSessionValue(r scanner) (persistence.Session, error) {
 		return persistence.Session{}, err
 	}
 	return *s, nil
+}
+
+// FindInbounds implements persistence.Store: one read by the index of inbound ids, with the ids
+// as one array.
+func (s *Store) FindInbounds(ctx context.Context, platform, chatID string, messageIDs []string) ([]persistence.Message, error) {
+	ids := slices.DeleteFunc(slices.Clone(messageIDs), func(id string) bool { return id == "" })
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	ctx, done, err := s.enter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("find inbound: %w", err)
+	}
+	defer done()
+	ms, err := readAll(ctx, s, scanMessage, `SELECT `+messageCols+` FROM messages
+		WHERE platform = $1 AND chat_id = $2 AND message_id = ANY($3::text[])
+		AND role = 'user' AND message_id <> '' ORDER BY message_id`, platform, chatID, ids)
+	if err != nil {
+		return nil, fmt.Errorf("find inbound %s/%s (%d ids): %w", platform, chatID, len(ids), s.explain(ctx, err))
+	}
+	return ms, nil
 }
 
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.

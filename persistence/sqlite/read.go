@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -150,6 +151,31 @@ func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...a
 		return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
 	return p.tx.QueryRowContext(ctx, query, args...)
+}
+
+// FindInbounds implements persistence.Store: one read by the index of inbound ids, with the ids
+// as one JSON array (json_each), so that no count of ids meets SQLite's limit on bound
+// parameters.
+func (s *Store) FindInbounds(ctx context.Context, platform, chatID string, messageIDs []string) ([]persistence.Message, error) {
+	ids := slices.DeleteFunc(slices.Clone(messageIDs), func(id string) bool { return id == "" })
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if err := s.enter(); err != nil {
+		return nil, s.readError("find inbound: %w", err)
+	}
+	defer s.leave()
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return nil, fmt.Errorf("find inbound %s/%s: %w", platform, chatID, err)
+	}
+	ms, err := queryMessages(ctx, s.reader, `SELECT `+messageCols+` FROM messages
+		WHERE platform = ? AND chat_id = ? AND message_id IN (SELECT value FROM json_each(?))
+		AND role = 'user' AND message_id <> '' ORDER BY message_id`, platform, chatID, string(list))
+	if err != nil {
+		return nil, s.readError("find inbound %s/%s (%d ids): %w", platform, chatID, len(ids), err)
+	}
+	return ms, nil
 }
 
 // FindInbound finds a user message by its platform identity; persistence.ErrNotFound if absent.

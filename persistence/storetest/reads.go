@@ -491,6 +491,40 @@ func testStatusAndTitle(t *testing.T, s persistence.Store) {
 	}
 }
 
+// testFindInbounds: FindInbounds reads the user messages of one chat among many ids at once, as
+// FindInbound reads each (archived and answered ones included), by message id; ids it does not
+// hold, empty ones, another chat's and replies are left out, with no error.
+func testFindInbounds(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	other := userMsg("s1", 4, "m9", "another chat's")
+	other.ChatID = "chat2"
+	MustCommit(t, s,
+		&persistence.AppendMessage{Message: userMsg("s1", 1, "m1", "one")},
+		&persistence.AppendMessage{Message: replyMsg("s1", 2, "answer")},
+		&persistence.AppendMessage{Message: userMsg("s1", 3, "m3", "three")},
+		&persistence.AppendMessage{Message: other},
+		&persistence.AppendMessage{Message: userMsg("s1", 5, "m5", "five")},
+		&persistence.ArchiveMessages{SessionID: "s1", Seqs: []int64{3}})
+	ids := []string{"m5", "nope", "", "m9", "m1", "m3"}
+	for i := range 300 { // many ids, as a few purges of 100
+
+		ids = append(ids, fmt.Sprint("absent-", i))
+	}
+	got := check(s.FindInbounds(ctx, "http", "chat", ids)).must(t, "FindInbounds")
+	var want []persistence.Message
+	for _, id := range []string{"m1", "m3", "m5"} {
+		want = append(want, *check(s.FindInbound(ctx, "http", "chat", id)).must(t, "FindInbound("+id+")"))
+	}
+	diff(t, "FindInbounds(http, chat, m5 nope '' m9 m1 m3 …)", got, want)
+	if got := check(s.FindInbounds(ctx, "http", "chat", nil)).must(t, "FindInbounds(none)"); len(got) != 0 {
+		t.Errorf("FindInbounds(no ids) = %v, want none", got)
+	}
+	if got := check(s.FindInbounds(ctx, "http", "chat", []string{"nope", ""})).must(t, "FindInbounds(absent)"); len(got) != 0 {
+		t.Errorf("FindInbounds(absent ids) = %v, want none", got)
+	}
+}
+
 func testNotFound(t *testing.T, s persistence.Store) {
 	ctx := context.Background()
 	checks := []struct {

@@ -3,7 +3,9 @@ package discord_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/agentgate/agentgate/internal/config"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/agentgate/agentgate/platforms/discord"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
@@ -222,4 +225,98 @@ func mustRunWithWithdraw(t *testing.T, withdraw platforms.Withdraw) (srv *discor
 		}
 	}
 	return srv, log, take
+}
+
+// inboundReads is a store that counts its reads by the index of inbound ids: FindInbound's by
+// message id, and FindInbounds's calls with their ids.
+type inboundReads struct {
+	persistence.Store
+	mu    sync.Mutex
+	one   map[string]int
+	many  [][]string
+	count bool
+}
+
+func (r *inboundReads) FindInbound(ctx context.Context, platform, chatID, messageID string) (*persistence.Message, error) {
+	r.mu.Lock()
+	if r.count {
+		r.one[messageID]++
+	}
+	r.mu.Unlock()
+	return r.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+func (r *inboundReads) FindInbounds(ctx context.Context, platform, chatID string, ids []string) ([]persistence.Message, error) {
+	r.mu.Lock()
+	if r.count {
+		r.many = append(r.many, slices.Clone(ids))
+	}
+	r.mu.Unlock()
+	return r.Store.FindInbounds(ctx, platform, chatID, ids)
+}
+
+// TestBulkDeleteOfMessagesTakenBeforeARestartReadsTheStoreOnce: a moderator's purge of messages
+// taken before a restart, which wait in two users' sessions behind turns that run again, and of
+// chatter the bot never took, withdraws every one of those messages (none is answered, their
+// rows are archived) with one read of the store's index of inbound ids for the whole purge.
+// Before, each id cost its own read (FindInbound), and its session's one more.
+func TestBulkDeleteOfMessagesTakenBeforeARestartReadsTheStoreOnce(t *testing.T) {
+	a := &heldOnRestart{release: make(chan struct{}), started: make(chan struct{}, 4)}
+	w := startWorld(t, a.agent(), func(c *config.Config) { c.Shutdown.DrainTimeout = 0 })
+	post := func(from discordtest.User, text string, mention bool) *discordgo.Message {
+		return w.srv.Post(discordtest.UserMessage{ChannelID: channelID, Author: from, Content: text, MentionBot: mention})
+	}
+	firstA, firstB := post(alice, "alice first", true), post(bob, "bob first", true)
+	<-a.started
+	<-a.started
+	var purged []string
+	for i := range 3 {
+		purged = append(purged, post(alice, fmt.Sprint("purged alice ", i), true).ID, post(bob, fmt.Sprint("purged bob ", i), true).ID)
+	}
+	chatter := post(bob, "purged chatter", false)
+	w.mustRow(t, channelID, purged[len(purged)-1], "the last message to purge stored", func(active, _ bool) bool { return active })
+	w.stop(t)
+	reads := &inboundReads{one: map[string]int{}}
+	w.wrapStore = func(s persistence.Store) persistence.Store { reads.Store = s; return reads }
+	w.start(t)
+	w.srv.WaitReady(t)
+	<-a.started // the first turns run again, the others wait behind them
+	<-a.started
+	eventually(t, "the start's backfill done", func() bool { return strings.Contains(w.log.String(), "read what was missed") })
+	reads.mu.Lock()
+	reads.count = true
+	reads.mu.Unlock()
+	w.srv.DeleteBulk(append(slices.Clone(purged), chatter.ID)...)
+	// The intake hands on in order: once a later message is stored, the purge's withdrawals
+	// have returned.
+	third := post(alice, "alice third", true)
+	w.mustRow(t, channelID, third.ID, "third stored", func(active, _ bool) bool { return active })
+	reads.mu.Lock()
+	one, many := maps.Clone(reads.one), slices.Clone(reads.many)
+	reads.count = false
+	reads.mu.Unlock()
+	for _, id := range purged {
+		if m, err := w.d.Store().FindInbound(t.Context(), "discord", channelID, id); err != nil || m.Active || !m.Archived {
+			t.Errorf("the purged message %s's row = %+v (err %v), want it archived", id, m, err)
+		}
+	}
+	want := append(slices.Clone(purged), chatter.ID)
+	slices.Sort(want)
+	if len(many) != 1 || !slices.Equal(slices.Sorted(slices.Values(many[0])), want) {
+		t.Errorf("the purge read the store's index of inbound ids with %v, want once with all its ids %v", many, want)
+	}
+	for _, id := range want {
+		if one[id] != 0 {
+			t.Errorf("the purge read the store for %s alone %d times, want none: %v", id, one[id], one)
+		}
+	}
+	close(a.release)
+	w.replyTo(t, channelID, firstA.ID)
+	w.replyTo(t, channelID, firstB.ID)
+	w.replyTo(t, channelID, third.ID)
+	for _, m := range w.srv.Sent(channelID) {
+		if strings.Contains(m.Content, "purged") {
+			t.Errorf("bot posted %q for a purged message", m.Content)
+		}
+	}
 }

@@ -213,8 +213,9 @@ type withdrawal struct {
 // nothing meanwhile, and a purge of 100 queued messages, one after another, would have held it
 // up to 100 times as long (their sessions are mostly different users' in a guild channel, and
 // each answers as soon as it can). The ids delivered does not hold and that the runtime may
-// hold all the same (unrecordedLocked) are withdrawn through the store, by the chat they were
-// posted in (a thread's is its parent channel) and their thread, if any: a message of a sibling
+// hold all the same (unrecordedLocked) are withdrawn through the store, all in one call (one read
+// of the store for all of them), by the chat they were posted in (a thread's is its parent
+// channel) and their thread, if any: a message of a sibling
 // thread, which shares the chat, is not the one deleted. It returns the outcome of each withdrawal;
 // none for ids the runtime cannot hold.
 func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) []withdrawal {
@@ -252,9 +253,14 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 	}
 	out := make([]withdrawal, len(todo))
 	var wg sync.WaitGroup
+	var fromStore []int // the indexes in todo of the ids asked of the store, all in one call
 	for i, f := range todo {
-		if f.stored && chatErr != nil {
-			out[i] = withdrawal{err: fmt.Errorf("withdraw %s: look up channel %s: %w", f.id, channel, chatErr), unsure: true}
+		if f.stored {
+			if chatErr != nil {
+				out[i] = withdrawal{err: fmt.Errorf("withdraw %s: look up channel %s: %w", f.id, channel, chatErr), unsure: true}
+			} else {
+				fromStore = append(fromStore, i)
+			}
 			continue
 		}
 		wg.Go(func() {
@@ -267,19 +273,44 @@ func (p *Platform) withdrawDeleted(event, guild, channel string, ids []string) [
 					out[i] = withdrawal{err: fmt.Errorf("withdraw panicked: %v", v)}
 				}
 			}()
-			src, taken, err := f.src, false, error(nil)
-			if f.stored {
-				src, taken, err = stored(wctx, Name, chat, thread, f.id)
-			} else {
-				taken, err = withdraw(wctx, f.src, f.id)
-			}
-			// WithdrawStored's Source is zero when the store did not find out whether it
-			// holds the message.
-			out[i] = withdrawal{taken: taken, err: err, unsure: f.stored && err != nil && src.Platform == ""}
+			taken, err := withdraw(wctx, f.src, f.id)
+			out[i] = withdrawal{taken: taken, err: err}
 			if taken && err == nil {
 				// No reply will answer it: the typing indicator no longer waits for its turn.
 				// Awaited still, it ran on after the last reply until typingMax.
-				p.typing.turnEnded(replyChannel(src), []string{f.id})
+				p.typing.turnEnded(replyChannel(f.src), []string{f.id})
+			}
+		})
+	}
+	if len(fromStore) > 0 {
+		// One read of the store for all of them (a purge of messages taken before this Run
+		// cost one a message before), then their withdrawals, at once.
+		wg.Go(func() {
+			defer func() {
+				if v := recover(); v != nil {
+					p.panicked(event, v, "messages", len(fromStore))
+					for _, i := range fromStore {
+						out[i] = withdrawal{err: fmt.Errorf("withdraw panicked: %v", v)}
+					}
+				}
+			}()
+			ids := make([]string, len(fromStore))
+			for j, i := range fromStore {
+				ids[j] = todo[i].id
+			}
+			res := stored(wctx, Name, chat, thread, ids)
+			for j, i := range fromStore {
+				if j >= len(res) {
+					out[i] = withdrawal{err: fmt.Errorf("withdraw %s: no outcome", ids[j])}
+					continue
+				}
+				r := res[j]
+				// The Source is zero when the store did not find out whether it holds the
+				// message.
+				out[i] = withdrawal{taken: r.Taken, err: r.Err, unsure: r.Err != nil && r.Source.Platform == ""}
+				if r.Taken && r.Err == nil {
+					p.typing.turnEnded(replyChannel(r.Source), []string{ids[j]})
+				}
 			}
 		})
 	}

@@ -112,7 +112,8 @@ func TestDeletedMessageTakenBeforeARestartIsNotAnswered(t *testing.T) {
 	}
 }
 
-// findCounter is a store that counts its FindInbound calls by message id.
+// findCounter is a store that counts its reads by the index of inbound ids (FindInbound,
+// FindInbounds) by message id.
 type findCounter struct {
 	persistence.Store
 	mu    sync.Mutex
@@ -124,6 +125,15 @@ func (f *findCounter) FindInbound(ctx context.Context, platform, chatID, message
 	f.finds[messageID]++
 	f.mu.Unlock()
 	return f.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+func (f *findCounter) FindInbounds(ctx context.Context, platform, chatID string, ids []string) ([]persistence.Message, error) {
+	f.mu.Lock()
+	for _, id := range ids {
+		f.finds[id]++
+	}
+	f.mu.Unlock()
+	return f.Store.FindInbounds(ctx, platform, chatID, ids)
 }
 
 func (f *findCounter) count(id string) int {
@@ -159,8 +169,8 @@ func TestDeletedChatterCostsAtMostOneRead(t *testing.T) {
 	}
 }
 
-// findRefuser is a store whose FindInbound fails (persistence.ErrUnavailable) while refuse is
-// set, as a store in an outage does.
+// findRefuser is a store whose reads by the index of inbound ids (FindInbound, FindInbounds)
+// fail (persistence.ErrUnavailable) while refuse is set, as a store in an outage does.
 type findRefuser struct {
 	persistence.Store
 	refuse atomic.Bool
@@ -171,6 +181,13 @@ func (f *findRefuser) FindInbound(ctx context.Context, platform, chatID, message
 		return nil, fmt.Errorf("find inbound %s/%s/%s: %w", platform, chatID, messageID, persistence.ErrUnavailable)
 	}
 	return f.Store.FindInbound(ctx, platform, chatID, messageID)
+}
+
+func (f *findRefuser) FindInbounds(ctx context.Context, platform, chatID string, ids []string) ([]persistence.Message, error) {
+	if f.refuse.Load() {
+		return nil, fmt.Errorf("find inbound %s/%s (%d ids): %w", platform, chatID, len(ids), persistence.ErrUnavailable)
+	}
+	return f.Store.FindInbounds(ctx, platform, chatID, ids)
 }
 
 // TestDeletedChatterTheStoreCannotFindIsNotSaidAnswered: the deletion of a message posted
