@@ -128,15 +128,7 @@ func (h *silentRelay) cutOpen(t *testing.T, opts Options, within time.Duration) 
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	opened := make(chan error, 1)
-	go func() {
-		s, err := Open(ctx, h.dsn, opts)
-		if err == nil {
-			_ = s.Close()
-			err = errors.New("Open returned a store")
-		}
-		opened <- err
-	}()
+	opened := openAside(ctx, h.dsn, opts)
 	select {
 	case <-h.held:
 	case err := <-opened:
@@ -149,6 +141,43 @@ func (h *silentRelay) cutOpen(t *testing.T, opts Options, within time.Duration) 
 	case <-time.After(within):
 		t.Fatalf("Open went on for %v after its ctx ended while the server was silent", within)
 		return nil
+	}
+}
+
+// openAside opens the store of dsn with opts on a goroutine of its own and sends Open's error,
+// or an error of its own should Open return a store (which it closes): the tests that use it
+// end Open's ctx while it waits.
+func openAside(ctx context.Context, dsn string, opts Options) <-chan error {
+	opened := make(chan error, 1)
+	go func() {
+		s, err := Open(ctx, dsn, opts)
+		if err == nil {
+			_ = s.Close()
+			err = errors.New("Open returned a store")
+		}
+		opened <- err
+	}()
+	return opened
+}
+
+// awaitWaiter polls the server on conn until the count that waiters (a query of pg_locks with
+// args) reads is above 0, as who waits for a lock, and fails the test as not testing what it
+// should after 10 s; who and what name the waiter and the lock in that failure.
+func awaitWaiter(t *testing.T, conn *pgx.Conn, who, what, waiters string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := conn.QueryRow(t.Context(), waiters, args...).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not wait for %s within 10 s: the test does not test", who, what)
+		}
+		time.Sleep(time.Millisecond) // polls the server under a deadline
 	}
 }
 

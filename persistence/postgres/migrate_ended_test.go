@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -47,30 +46,9 @@ func TestOpenEndedDuringAMigrationWithNothingToMigrate(t *testing.T) {
 	}
 	openCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	opened := make(chan error, 1)
-	go func() {
-		s, err := Open(openCtx, dsn, Options{Exclusive: true})
-		if err == nil {
-			_ = s.Close()
-			err = errors.New("Open returned a store")
-		}
-		opened <- err
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
-			AND relation = 'schema_migrations'::regclass`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the migration did not wait for schema_migrations within 10 s: the test does not test")
-		}
-		time.Sleep(time.Millisecond) // polls the server under a deadline
-	}
+	opened := openAside(openCtx, dsn, Options{Exclusive: true})
+	awaitWaiter(t, admin, "the migration", "schema_migrations", `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
+		AND relation = 'schema_migrations'::regclass`)
 	cancel()
 	if err := tx.Commit(ctx); err != nil { // the migration's transaction goes on, and finds nothing to do
 		t.Fatal(err)

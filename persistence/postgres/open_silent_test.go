@@ -56,30 +56,9 @@ func TestOpenEndedWhileAMigrationWaitsLetsTheLockGo(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	opened := make(chan error, 1)
-	go func() {
-		s, err := Open(ctx, dsn, Options{Exclusive: true})
-		if err == nil {
-			_ = s.Close()
-			err = errors.New("Open returned a store")
-		}
-		opened <- err
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'advisory' AND classid = $1 AND NOT granted`, migrateLock).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Open did not wait for the migration's lock within 10 s: the test does not test")
-		}
-		time.Sleep(time.Millisecond) // polls the server under a deadline
-	}
+	opened := openAside(ctx, dsn, Options{Exclusive: true})
+	awaitWaiter(t, admin, "Open", "the migration's lock", `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = $1 AND NOT granted`, migrateLock)
 	cancel()
 	if err := <-opened; !errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) {
 		t.Fatalf("Open = %v after its ctx ended while it waited for a migration, want context.Canceled", err)
