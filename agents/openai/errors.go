@@ -475,8 +475,24 @@ var ansiEscape = regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x{9b}[0-?]*[ -/]*[
 
 // printedColour matches what is left of a colour code (SGR) whose ESC a proxy or logger dropped
 // or printed ("[31m", "[1;31m", "[0m", after "␛" or "^["), which stripColours takes out when
-// no "]" follows it: an index such as "[5m]" is text.
-var printedColour = regexp.MustCompile(`(?:\x{241b}|\^\[)?\[\d{1,3}(?:;\d{1,3})*m`)
+// no "]" follows it (an index such as "[5m]" is text), and, for one that is no more than
+// "[31m", when the text holds two such, one of which resets (sgrReset): a logger that colours a
+// word writes its code and the one that ends it, while such a code without its reset is more
+// likely text ("retry in [5m0s]", "windows [1m, 5m]"; found by a review: the first read "retry
+// in 0s]"). Its groups are the ESC's mark and the code's parameters.
+var printedColour = regexp.MustCompile(`(\x{241b}|\^\[)?\[(\d{1,3}(?:;\d{1,3})*)m`)
+
+// sgrReset reports whether the parameters of a colour code, params ("0", "1;31"), end a colour
+// or a style: all of them (0), bold or dim (22), italic, underline, blink, inverse, hidden,
+// crossed out (23 to 29), the foreground's (39) or the background's colour (49).
+func sgrReset(params string) bool {
+	for p := range strings.SplitSeq(params, ";") {
+		if n, _ := strconv.Atoi(p); n == 0 || (n >= 22 && n <= 29) || n == 39 || n == 49 {
+			return true
+		}
+	}
+	return false
+}
 
 // stripColours takes ANSI escape sequences (ansiEscape) and the remains of colour codes
 // (printedColour) out of an endpoint's text. Before, sanitize made an ESC a space and kept the
@@ -486,10 +502,19 @@ func stripColours(s string) string {
 		return s
 	}
 	s = ansiEscape.ReplaceAllString(s, "")
+	codes := printedColour.FindAllStringSubmatchIndex(s, -1)
+	codes = slices.DeleteFunc(codes, func(m []int) bool { return m[1] < len(s) && s[m[1]] == ']' })
+	bare, reset := 0, false // codes without the ESC's mark, and whether one of them resets
+	for _, m := range codes {
+		if m[2] < 0 {
+			bare++
+			reset = reset || sgrReset(s[m[4]:m[5]])
+		}
+	}
 	var b strings.Builder
 	last := 0
-	for _, m := range printedColour.FindAllStringIndex(s, -1) {
-		if m[1] < len(s) && s[m[1]] == ']' {
+	for _, m := range codes {
+		if m[2] < 0 && (bare < 2 || !reset) {
 			continue
 		}
 		b.WriteString(s[last:m[0]])

@@ -129,7 +129,8 @@ func TestErrorBodyThatIsNoJSON(t *testing.T) {
 // "\u001b"), in a plain-text body (the ESC byte itself) or in a stream's error event, are taken
 // out of the message the user's notice and the operator's log line are made of, and so are the
 // remains of colour codes whose ESC a proxy or logger dropped or printed ("[31m", "^[[0m"); an
-// index such as "[5m]" is text. Before, the ESC became a space and the rest stayed:
+// index such as "[5m]" is text, and so are such codes that none resets ("retry in [5m0s]",
+// which before read "retry in 0s]"). Before, the ESC became a space and the rest stayed:
 // "[31mERROR [0m: …".
 func TestColourCodesAreTakenOut(t *testing.T) {
 	for _, tc := range []struct {
@@ -148,6 +149,8 @@ func TestColourCodesAreTakenOut(t *testing.T) {
 			"error: CUDA out of memory"},
 		{"printed", openaitest.Status(502, `{"error":{"message":"[31mERROR[0m: upstream ^[[1;31mllama^[[0m gone, ␛[33mslot[0m [5m] of [10m]"}}`),
 			"ERROR: upstream llama gone, slot [5m] of [10m]"},
+		{"text that reads as codes without their reset", openaitest.Status(503, `{"error":{"message":"rate window [1m, 5m] exceeded: retry in [5m0s]"}}`),
+			"rate window [1m, 5m] exceeded: retry in [5m0s]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, tc.answer)
