@@ -450,7 +450,8 @@ func stripURL(err error) error {
 
 // statusError reads an error response to the request body into a safe StatusError.
 func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	// A byte more than bodyText reads tells it that it cuts the text.
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
 	msg, plain, page := errorMessage(raw), false, false
 	if text, isPage, ok := bodyText(raw); ok {
 		msg, plain, page = text, true, isPage
@@ -487,20 +488,22 @@ func (a *Agent) notFoundHint() string {
 // bodyText is the text of an error body, raw, that is no JSON document (an object, or null):
 // a server's or proxy's plain text ("CUDA out of memory", nginx's "upstream request timeout"),
 // or the text a web page (HTML, XML: a proxy's 502, 503 or 504 page) shows a reader
-// (pageText), when page is set. ok is false for a JSON document, or a body of spaces alone.
-// Before, a page's markup filled the 200 runes a message keeps, and Cloudflare's page said no
-// more than its conditional comments for old Internet Explorers.
+// (pageText), when page is set: of its first maxErrorBody bytes (head: a stream's error event
+// may be 32 MiB). ok is false for a JSON document, or a body of spaces alone. Before, a page's
+// markup filled the 200 runes a message keeps, and Cloudflare's page said no more than its
+// conditional comments for old Internet Explorers.
 func bodyText(raw []byte) (text string, page, ok bool) {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || json.Unmarshal(t, new(struct{})) == nil {
 		return "", false, false
 	}
+	t = head(t, maxErrorBody)
 	if t[0] == '<' {
 		if text := pageText(t); strings.TrimSpace(text) != "" {
 			return text, true, true
 		}
 	}
-	return string(raw), false, true
+	return string(t), false, true
 }
 
 // pageText is what a web page, raw, shows a reader: the text of its elements (its title's
@@ -813,7 +816,7 @@ func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result
 		// What it is, and how it starts: "invalid character '<'" alone tells the operator
 		// nothing of the login page, the web app or the proxy that answered.
 		err = fmt.Errorf("openai agent: response is not a chat completion (Content-Type %q, starting %q): %v",
-			sanitize(contentType, a.keyString()), sanitize(string(raw[:min(len(raw), 512)]), a.keyString()), err)
+			sanitize(contentType, a.keyString()), sanitize(raw, a.keyString()), err)
 		if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '<' {
 			return nil, &webPageError{err}
 		}
@@ -866,7 +869,7 @@ func (a *Agent) readStream(body io.Reader, partial func(string), h *holder) (*re
 			// How it starts, as readJSON says of a body: "invalid character 'p'" alone tells
 			// the operator nothing of what the server or a proxy sent (found by a review).
 			return false, fmt.Errorf("openai agent: stream chunk is not a chat completion (starting %q): %v",
-				sanitize(cutAt(payload, 512), a.keyString()), err)
+				sanitize(payload, a.keyString()), err)
 		}
 		before := b.Len()
 		if err := a.apply(res, &c, &b); err != nil {

@@ -97,10 +97,11 @@
 // error sent inside a 200 (an error event mid-stream, llama.cpp's older "error: {…}" stream
 // line: errorField, an error body) counts as the status its
 // code or type names (inBandStatus); one whose text is no JSON (an "event: error" of plain
-// text, crane-serve's "data: error: …": streamError) names none, and its text is the message
-// (TestStreamErrorThatIsNoJSON). It is retried as that status would be unless text was already
-// shown; after text, a 400 (vLLM's streamed error for any exception) is a reply broken off, not
-// a refusal: not sent again without the riders, and the user asked to try again
+// text, crane-serve's "data: error: …": streamError) is a fault of the server, taken for a
+// 500, its text the message, quoted (TestStreamErrorThatIsNoJSON). It is retried as that
+// status would be unless text was already shown; after text, a 400 (vLLM's streamed error
+// for any exception) is a reply broken off, not a refusal: not sent again without the
+// riders, and the user asked to try again
 // (TestErrorAfterTextIsNoRefusal). A 200 whose body is empty, or whose JSON ends before it is whole (a proxy that lost the
 // endpoint's answer), is retried as a body that broke off: a chat completion changes nothing
 // on the endpoint. A stream breaks off when its

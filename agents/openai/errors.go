@@ -527,12 +527,58 @@ func stripColours(s string) string {
 	return b.String()
 }
 
-// sanitize makes an endpoint's text fit for an error message: ANSI escape sequences and the
-// remains of colour codes taken out (stripColours), the key, the passwords of URLs, key-like
-// strings (redact.String's rules) and opaque tokens redacted, control characters and newlines
-// turned into spaces, runs of space collapsed, at most maxErrorMessage runes.
-func sanitize(s, key string) string {
-	s = redact.String(stripColours(s), key)
+// maxSanitized bounds what sanitize reads of a text, in bytes: room for the maxErrorMessage
+// runes it keeps, in any script, and for much it takes out before them (space, colour codes, a
+// long key redacted).
+const maxSanitized = 4 << 10
+
+// maxWordCut bounds what head takes off the end of a text it cuts: longer than an API key
+// (OpenAI's sk-proj- keys run to 164 characters).
+const maxWordCut = 256
+
+// head returns the start of s of at most n bytes. A cut s ends at a
+// word's end: the word the cut went through (the characters after the last space, control
+// character, quote, comma, semicolon or angle bracket, which redact's rules and opaqueToken take
+// a secret to run to), or its last maxWordCut bytes, are left out, so that the start of a
+// secret cut there, which no rule would know for one (the key's first characters), is not
+// shown either.
+func head[T string | []byte](s T, n int) T {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	if wordEnd(s[n]) {
+		return s[:n] // between two words
+	}
+	end := n
+	for end > 0 && n-end < maxWordCut && !wordEnd(s[end-1]) {
+		end--
+	}
+	if n-end >= maxWordCut {
+		for end > 0 && !utf8.RuneStart(s[end]) {
+			end--
+		}
+	}
+	return s[:end]
+}
+
+// wordEnd reports whether b ends a word for head.
+func wordEnd(b byte) bool {
+	return b <= ' ' || b == 0x7f || strings.IndexByte(`"',;<>`, b) >= 0
+}
+
+// sanitize makes an endpoint's text fit for an error message: its first maxSanitized bytes
+// (head), ANSI escape sequences and the remains of colour codes taken out (stripColours), the
+// key, the passwords of URLs, key-like strings (redact.String's rules) and opaque tokens
+// redacted, control characters and newlines turned into spaces, runs of space collapsed, at
+// most maxErrorMessage runes. Before it read a bounded start, an error event of a stream's 32
+// MiB took over a minute of a CPU to redact, retried as often as the endpoint sent it, and a
+// caller that cut the text first (a stream's chunk that is no JSON, at 512 bytes) could cut a
+// key in two and show its first characters.
+func sanitize[T string | []byte](text T, key string) string {
+	s := redact.String(stripColours(string(head(text, maxSanitized))), key)
 	s = opaqueToken.ReplaceAllString(s, redact.Placeholder)
 	var b strings.Builder
 	space := false

@@ -167,3 +167,45 @@ func TestColourCodesAreTakenOut(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyCutInTheQuotedTextIsNotShown: the endpoint's text an error quotes is cut (sanitize
+// reads its first 4 KiB, an error status's body is read to 16 KiB) where a word ends, never
+// through the key: its first characters, which no rule redacts (the key of a server that
+// takes any, such as vLLM's --api-key, has no prefix redact knows), are not shown when what
+// comes before it is taken out (space, markup). Before, a stream's chunk that is no JSON and
+// a 200's body that is no completion were cut at 512 bytes before the key was redacted, and an
+// error page at the 16 KiB read, and the error showed the key's first 15 characters.
+func TestKeyCutInTheQuotedTextIsNotShown(t *testing.T) {
+	const key = "local-7Qm2Zp9Xc4Vb8Nn1Kd6Hj3Ty5Rw0" // no prefix redact knows, under 40 characters
+	at := func(n int, before string) string { return strings.Repeat(" ", n-len(before)) + before + key }
+	page := "<html><body><!--" + strings.Repeat("x", 16<<10) + "-->"
+	page = page[:16<<10-len("--><p>bad key ")-15] + "--><p>bad key " + key + "</p></body></html>"
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+		stream bool
+		want   string
+	}{
+		{"a stream's chunk that is no JSON", openaitest.Raw("text/event-stream", "data: "+at(497, "bad key ")+"\n\n"), true, "stream chunk is not a chat completion"},
+		{"a 200's body that is no completion", openaitest.Raw("text/plain", at(497, "bad key ")), false, "response is not a chat completion"},
+		{"a 502's page", openaitest.Status(http.StatusBadGateway, page), false, `a web page that reads "bad key"`},
+		{"a stream's error event (a guard)", openaitest.Raw("text/event-stream", "event: error\ndata: "+at(4<<10-15, "bad key ")+"\n\n"), true, `"bad key`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OPENAI_OTHER_KEY", key)
+			m := newFakeModel(t, tc.answer)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.APIKeyEnv, c.MaxRetries = "OPENAI_OTHER_KEY", 0 })
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.stream {
+				req.Partial = func(string) {}
+			}
+			_, err := a.Run(t.Context(), req)
+			if err != nil && strings.Contains(err.Error(), key[:8]) {
+				t.Fatalf("Run error = %v, shows the start of the key %q", err, key)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Run error = %v, want one holding %s", err, tc.want)
+			}
+		})
+	}
+}

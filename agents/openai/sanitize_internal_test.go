@@ -1,10 +1,43 @@
 package openai
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"unicode/utf8"
 )
+
+// TestSanitizeReadsABoundedStart: sanitize reads the first maxSanitized bytes of a text, and
+// bodyText the first maxErrorBody of a body, whatever their length (a stream's error event may
+// be 32 MiB): what they allocate does not grow with it, and the message is the one the text's
+// start makes. Before, an error event of 32 MiB in colour was read whole by stripColours,
+// redact's rules and opaqueToken, over a minute of a CPU for each attempt of a turn, which
+// retried it as a fault of the server.
+func TestSanitizeReadsABoundedStart(t *testing.T) {
+	const key = "sk-test-4f9c2d7e1b8a6035c9e7d2f1a4b6c8e0"
+	line := "\x1b[31mERROR\x1b[0m worker died, key " + key + " "
+	long := strings.Repeat(line, (32<<20)/len(line))
+	want := sanitize(strings.Repeat(line, 10), key)
+	if !strings.HasPrefix(want, "ERROR worker died, key [redacted] ERROR") {
+		t.Fatalf("sanitize = %q", want)
+	}
+	page := []byte("<p>" + long)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	got := sanitize(long, key)
+	text, _, _ := bodyText(page)
+	runtime.ReadMemStats(&after)
+	if got != want {
+		t.Errorf("sanitize of 32 MiB = %q, want %q", got, want)
+	}
+	if len(text) > maxErrorBody {
+		t.Errorf("bodyText of a page of 32 MiB is %d bytes, want at most %d", len(text), maxErrorBody)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
+		t.Errorf("sanitize and bodyText of 32 MiB allocated %d MiB, want at most 4 (what their bounded starts take; the race detector adds)", n>>20)
+	}
+}
 
 // FuzzStripColours takes colour codes out of any text as stripColours does: never a panic, never
 // a longer text, valid UTF-8 kept valid, and a text without an ESC or a code's reset kept.
