@@ -39,7 +39,10 @@ import (
 //     activation never claims the key beside the asker, whatever its lookups found before.
 //
 // So of the promiser and the asker, whichever way the cut goes, only one claims the key: the
-// asker on the promise, or the promiser once the store no longer names the asker.
+// asker on the promise, or the promiser once the store no longer names the asker. Not so of a
+// third member that the asker cannot reach and that the promiser told, over the link and just
+// before it promised, that it holds nothing: it claims the key beside the asker (open;
+// TestPromiseToAMemberCutOffFromAThirdThatActivates, docs/ARCHITECTURE.md "Known gaps").
 
 const (
 	// askEvery is how often a manager exchanges asks with the store; askStands, how long an ask
