@@ -19,14 +19,10 @@ import (
 // adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
 // session that loads next quarantines it at QuarantineAfter). A death whose owner last renewed
 // before the server started (sinceServerStart), or that an outage explains (noSelfStopNear),
-// is not counted. Nor is that of a claim's owner that the member that made it promised it to
-// (Promise, migration 0022): no member ran the key under the promised claim, and its maker let
-// go of the key before it promised; previous is then empty.
+// is not counted.
 var claimSQL = `WITH claimed AS (
 		INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
-		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1,
-			previous = CASE WHEN owners.promised_by <> '' AND owners.promised_epoch = owners.epoch
-				THEN '' ELSE owners.owner END,
+		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
 			owner = excluded.owner, claimed_at = excluded.claimed_at
 		RETURNING epoch, previous
 	), counted AS (
