@@ -182,6 +182,11 @@ type Platform struct {
 
 	// blockWarn is rateWarn for the 429s of Discord's edge (ratelimit.go); own lock.
 	blockWarn logging.Counter
+
+	// notTakenLines is the "discord message not taken" line of a message the runtime refused
+	// (logNotTaken, inbound.go): at once for each cause, then once a LimitEvery with the
+	// count of those held back; own lock.
+	notTakenLines logging.KeyedLimiter
 }
 
 var (

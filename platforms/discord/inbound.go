@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -275,7 +276,7 @@ func (p *Platform) handle(m *discordgo.Message, told bool) (left bool) {
 		p.log.Info("discord message not taken while stopping; the next start reads it back", "channel", m.ChannelID, "message_id", m.ID)
 		return true
 	default:
-		p.log.Warn("discord message not taken", "channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+		p.logNotTaken(m, err)
 		where, ref := reply, refFor(in.Source, m.ID)
 		if ref == "" {
 			// An auto-threaded message: its notice replies to it in its channel, not in its
@@ -371,6 +372,35 @@ func refusal(err error) string {
 		return upgradingNotice
 	default:
 		return unstoredNotice
+	}
+}
+
+// logNotTaken logs that the runtime did not take m (err; its sender is told), at once for the
+// first message of each cause (notTakenCause), then at most once a logging.LimitEvery for the
+// cause, with the count of the messages held back (repeats; each of them at Debug). Before,
+// it was a line for each message: a rolling upgrade whose older member refuses the requests
+// it does not know (platforms.OutdatedMemberError) logged one for every message of its chats
+// until the upgrade was over (TestRefusalsOfAnOlderMemberAreLoggedOnceAMinute,
+// TestRefusedMessagesAreCountedInOneLineAtTheStop).
+func (p *Platform) logNotTaken(m *discordgo.Message, err error) {
+	p.notTakenLines.Log(p.log, slog.LevelWarn, "discord message not taken", notTakenCause(err),
+		"channel", m.ChannelID, "message_id", m.ID, logging.Err(err))
+}
+
+// notTakenCause is the key of a refusal's line (logNotTaken): the kind of refusal, and for an
+// older member the member, so that each member to upgrade is named at once, and a refusal of
+// another kind during the upgrade (the database unavailable) is not held back behind it.
+func notTakenCause(err error) string {
+	if o, ok := errors.AsType[*platforms.OutdatedMemberError](err); ok {
+		return "outdated member " + o.Address
+	}
+	switch {
+	case errors.Is(err, platforms.ErrRejected):
+		return "queue full"
+	case errors.Is(err, platforms.ErrDraining):
+		return "draining"
+	default:
+		return "not stored"
 	}
 }
 

@@ -135,6 +135,9 @@ func (p *Platform) waitIntake() {
 // waits withdrawTimeout at most; a backfill reads nothing more on the ended run ctx, and the
 // gateway, closed, queues nothing new.
 func (p *Platform) settle(ctx context.Context) {
+	// The refusals held back are reported as the daemon stops, not up to a minute later: the
+	// process may have exited by then (logging.KeyedLimiter.Flush).
+	defer p.notTakenLines.Flush()
 	p.endReplay()
 	for {
 		p.mu.Lock()
