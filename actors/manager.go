@@ -1633,12 +1633,18 @@ func (m *SessionManager) handOn(c actor.Context, key string, r routed) bool {
 	return m.handOnTo(c, m.elsewhere(key), key, r)
 }
 
-// handOnTo forwards r to the manager to as handOn does, and reports whether it did.
+// handOnTo forwards r to the manager to as handOn does, and reports whether it did. r keeps
+// its to_holder (Forward.to_holder): the manager that sent it here as to the key's holder
+// still waits to activate the key, and does the request once this member has let go of it. A
+// member that does not know its kind (an older one, in a rolling upgrade) answers Unsupported
+// with it, and the requester sends it again until that owner does it; dropped here, the
+// requester gave up at once, told to upgrade the member r was handed on to
+// (TestHandedOnRequestForTheHolderIsSentAgainPastAnOlderSuccessor).
 func (m *SessionManager) handOnTo(c actor.Context, to *actor.PID, key string, r routed) bool {
 	if !m.mayHandOn(r) || to == nil || to.Equal(c.Self()) {
 		return false
 	}
-	return m.forwardTo(c, to, key, r, false)
+	return m.forwardTo(c, to, key, r, r.toHolder)
 }
 
 // mayHandOn reports whether r may go on to another member (handOn): not past maxForwardHops,
@@ -1654,7 +1660,8 @@ func (m *SessionManager) mayHandOn(r routed) bool {
 
 // forwardTo forwards r to the manager to (Forward), and reports whether it did: not a message
 // that does not cross members. toHolder marks a message sent to the key's holder by a manager
-// that waits to activate the key (Forward.to_holder).
+// that waits to activate the key (Forward.to_holder), or one that came so and is handed on
+// (handOnTo).
 func (m *SessionManager) forwardTo(c actor.Context, to *actor.PID, key string, r routed, toHolder bool) bool {
 	f := &Forward{Key: key, Hops: r.hops + 1, ToHolder: toHolder}
 	switch msg := r.msg.(type) {

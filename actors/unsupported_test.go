@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/buildinfo"
+	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/platforms"
 )
@@ -173,5 +175,84 @@ func TestLeavingManagerAnswersAForwardOfAnUnknownKindUnsupported(t *testing.T) {
 			}
 		}
 		ranNone(t, ran)
+	})
+}
+
+// asAnOlderMemberReads is f as a member of an earlier version reads it, one that does not know
+// the kind of its message: f's Deliver comes as field 11, unknown there, and its msg reads as
+// unset. (Every member of a test runs this build, which knows every kind it forwards.)
+func asAnOlderMemberReads(t *testing.T, f *Forward) *Forward {
+	t.Helper()
+	inner, err := proto.Marshal(f.GetDeliver())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := proto.CloneOf(f)
+	bare.Msg = nil
+	b, err := proto.Marshal(bare)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = protowire.AppendBytes(protowire.AppendTag(b, 11, protowire.BytesType), inner)
+	var old Forward
+	if err := proto.Unmarshal(b, &old); err != nil {
+		t.Fatal(err)
+	}
+	return &old
+}
+
+// TestHandedOnRequestForTheHolderIsSentAgainPastAnOlderSuccessor: the key's owner, waiting to
+// activate the key, forwards a request to member a, which held the key (Forward.to_holder). a
+// leaves meanwhile, and hands the request on to the key's successor b, which runs an older
+// version that does not know the request's kind (a rolling upgrade). b answers Unsupported
+// with to_holder, so the requester's router sends the request again until the owner, once a
+// has let go of the key, does it (TestClusterRouterUnsupportedAnswers, "the holder, then the
+// owner"). Before, a's hand-on dropped to_holder, and the router ended the request at once
+// with an OutdatedMemberError naming b (HTTP 503 member_outdated; on Discord, "send it again in
+// a few minutes"), a moment before the owner would have done it.
+func TestHandedOnRequestForTheHolderIsSentAgainPastAnOlderSuccessor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		none := agents.Func(func(context.Context, *agents.Request) (*agents.Response, error) {
+			t.Error("a turn ran")
+			return &agents.Response{Text: "ok"}, nil
+		})
+		w := newManagerWorld(t, none, func(d *Deps) { d.Node, d.Fencing, d.Clustered = "a", true, true })
+		var owner atomic.Pointer[actor.PID]
+		owner.Store(w.manager)
+		bPID := actor.NewPID(w.system.Address(), "member-b-manager")
+		db := &Deps{Ctx: w.ctx, Store: w.store, Agent: none, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "b", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true,
+			Placement: peersPlacement{self: bPID, peers: []*actor.PID{w.manager}, owner: &owner}}
+		b, err := w.system.Root.SpawnNamed(NewSessionManager(db), bPID.Id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait() })
+		// What a hands on reaches b as b's version reads it.
+		var handedOn atomic.Pointer[Forward]
+		older := w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if f, ok := c.Message().(*Forward); ok {
+				handedOn.Store(f)
+				c.RequestWithCustomSender(b, asAnOlderMemberReads(t, f), c.Sender())
+			}
+		}))
+		w.system.Root.Send(w.manager, &Leave{Successor: func(string) *actor.PID { return older }})
+
+		res, err := w.system.Root.RequestFuture(w.manager, &Forward{Key: w.key, Hops: 1, ToHolder: true,
+			Msg: &Forward_Deliver{Deliver: w.message("m1", "hi")}}, time.Minute).Result()
+		if err != nil {
+			t.Fatalf("request: %v, want b's answer", err)
+		}
+		if f := handedOn.Load(); f == nil || f.GetDeliver().GetMessageId() != "m1" {
+			t.Fatalf("a handed on %v, want m1", f)
+		}
+		want := &Unsupported{Version: buildinfo.Version(), Address: w.system.Address(), Node: "b", Request: "Forward field 11", ToHolder: true}
+		if u, ok := res.(*Unsupported); !ok || !proto.Equal(u, want) {
+			t.Errorf("answered %T %v, want %v: the router sends it again to the key's owner", res, res, want)
+		}
+		synctest.Wait()
+		if keys := w.active(t); len(keys) != 0 {
+			t.Errorf("sessions %v started on the leaving member, want none", keys)
+		}
 	})
 }
