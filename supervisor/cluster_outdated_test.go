@@ -39,7 +39,7 @@ import (
 // version added). A message POSTed to c goes to a (the key is still a's until it has
 // withdrawn), which hands it on to b; b answers Unsupported, and c's client gets 503
 // member_outdated at once, naming b's cluster address and version and saying to upgrade it,
-// with the message's id and no Retry-After. Nothing was done: the store holds no such
+// with the message's id and Retry-After 60. Nothing was done: the store holds no such
 // message, and b says so at WRN. The units are tested one by one elsewhere
 // (TestForwardOfAnUnknownKindIsAnsweredUnsupported, TestClusterRouterUnsupportedAnswers,
 // TestOutdatedMemberIsAnswered503MemberOutdated); no test ran them together through the
@@ -121,8 +121,8 @@ func TestClusterRequestAnOlderMemberDoesNotKnowIsAnswered503MemberOutdated(t *te
 			t.Errorf("member_outdated message %q, want it to say %q", body.Error.Message, want)
 		}
 	}
-	if body.MessageID != "m-outdated" || retry != "" {
-		t.Errorf("member_outdated message_id %q, Retry-After %q; want m-outdated and none", body.MessageID, retry)
+	if body.MessageID != "m-outdated" || retry != "60" {
+		t.Errorf("member_outdated message_id %q, Retry-After %q; want m-outdated and 60", body.MessageID, retry)
 	}
 	if _, err := c.d.store.FindInbound(t.Context(), httpplatform.Name, httpChat(other).ChatID, "m-outdated"); !errors.Is(err, persistence.ErrNotFound) {
 		t.Errorf("FindInbound(m-outdated) = %v, want not found: nothing was done", err)

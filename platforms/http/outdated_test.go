@@ -14,7 +14,8 @@ import (
 // session did not know (it runs an older agentgate, during a rolling upgrade: its manager
 // answered actors.Unsupported, which the router returns as a platforms.OutdatedMemberError) is
 // answered 503 member_outdated, with a message that names the member and its version and says
-// to upgrade it, and no Retry-After (it is answered so until that member is upgraded): a
+// to upgrade it, and Retry-After 60 (it is answered so until that member is upgraded, within
+// minutes in a rolling upgrade; before, it had none): a
 // message POSTed (its answer names its message_id, as every 503 of a message does), a reset, a
 // requeue. Before, it was an internal error (500), and the daemon's own wait for the answer,
 // which never came, read as an answer lost ("it may have requeued"), though nothing was done.
@@ -57,8 +58,8 @@ func TestOutdatedMemberIsAnswered503MemberOutdated(t *testing.T) {
 		if body.MessageID != c.id {
 			t.Errorf("%s: message_id %q, want %q", c.name, body.MessageID, c.id)
 		}
-		if ra := got.header.Get("Retry-After"); ra != "" {
-			t.Errorf("%s: Retry-After %q, want none", c.name, ra)
+		if ra := got.header.Get("Retry-After"); ra != "60" {
+			t.Errorf("%s: Retry-After %q, want 60", c.name, ra)
 		}
 	}
 }

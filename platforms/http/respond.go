@@ -59,10 +59,14 @@ const (
 // stores nothing and costs the daemon little). The requests held open end as their clients
 // leave or their waits end, which nobody can foresee either, and sending one again at once
 // meets the same full set: 5 s. A draining daemon takes nothing more in this run: it says how
-// long its drain can still last (drainLeft).
+// long its drain can still last (drainLeft). A member that runs an older agentgate answers so
+// until it is upgraded, one restart of a rolling upgrade away, which takes its drain and its
+// start, a minute or so: 60 s (as Discord's notice says "in a few minutes"); sent again at
+// once, the request meets the same member.
 const (
-	retrySoon = 1 * time.Second
-	retryHeld = 5 * time.Second
+	retrySoon    = 1 * time.Second
+	retryHeld    = 5 * time.Second
+	retryUpgrade = 60 * time.Second
 )
 
 // setRetryAfter sets the Retry-After of an answer to d, in whole seconds rounded up, at least 1.
@@ -188,11 +192,14 @@ func (p *Platform) writeSessionsError(w http.ResponseWriter, r *http.Request, op
 
 // writeOutdated answers 503 member_outdated: the cluster member that holds the request's
 // session runs an older agentgate, which does not know the request, and nothing was done. The
-// message names the member and its version and says to upgrade it. No Retry-After: it is
-// answered so until that member is upgraded. messageID, when not empty, is the id of the
-// message POSTed (ErrorResponse). Before, the request got no answer from that member, and
-// was answered as one that timed out, which may have been done
+// message names the member and its version and says to upgrade it. Retry-After says 60
+// (retryUpgrade): it is answered so until that member is upgraded, which a rolling upgrade
+// does within minutes; before, it said nothing, and a client that backs off by Retry-After
+// sent it again at once, or not at all. messageID, when not empty, is the id of the message
+// POSTed (ErrorResponse). Before, the request got no answer from that member, and was
+// answered as one that timed out, which may have been done
 // (TestOutdatedMemberIsAnswered503MemberOutdated).
 func writeOutdated(w http.ResponseWriter, oe *platforms.OutdatedMemberError, messageID string) {
+	setRetryAfter(w, retryUpgrade)
 	writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: APIError{Code: CodeMemberOutdated, Message: oe.Error()}, MessageID: messageID})
 }
