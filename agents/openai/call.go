@@ -814,13 +814,16 @@ func (a *Agent) readJSON(body io.Reader, contentType string, h *holder) (*result
 			return nil, &transportError{what: whatBrokeOff, err: fmt.Errorf("the answer's body ends before its JSON does, after %d bytes (status 200)", len(raw))}
 		}
 		// What it is, and how it starts: "invalid character '<'" alone tells the operator
-		// nothing of the login page, the web app or the proxy that answered.
-		err = fmt.Errorf("openai agent: response is not a chat completion (Content-Type %q, starting %q): %v",
-			sanitize(contentType, a.keyString()), sanitize(raw, a.keyString()), err)
+		// nothing of the login page, the web app or the proxy that answered. A page is
+		// quoted as its reader sees it (bodyText), as an error status's page is.
 		if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '<' {
-			return nil, &webPageError{err}
+			if text, page, _ := bodyText(t); page {
+				return nil, &webPageError{contentType: sanitize(contentType, a.keyString()), text: sanitize(text, a.keyString())}
+			}
+			return nil, &webPageError{contentType: sanitize(contentType, a.keyString()), text: sanitize(raw, a.keyString()), markup: true}
 		}
-		return nil, err
+		return nil, fmt.Errorf("openai agent: response is not a chat completion (Content-Type %q, starting %q): %v",
+			sanitize(contentType, a.keyString()), sanitize(raw, a.keyString()), err)
 	}
 	res := &result{}
 	var b strings.Builder

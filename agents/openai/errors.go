@@ -32,12 +32,26 @@ func tooLarge(what string) error {
 }
 
 // webPageError is a 200 whose body is a web page (HTML, XML), not a chat completion: the
-// login page of a proxy that guards the endpoint, a web app's own page at a base_url that
-// misses the API's path. Every request gets it until the operator acts.
-type webPageError struct{ err error }
+// login page of a proxy that guards the endpoint, a captive portal's, a web app's own page at
+// a base_url that misses the API's path. Every request gets it until the operator acts.
+type webPageError struct {
+	// contentType is the answer's Content-Type, and text what the page shows a reader (its
+	// title and text: bodyText), both sanitized; text is the page's start, markup and all,
+	// when markup is set: a page that shows no text.
+	contentType, text string
+	markup            bool
+}
 
+// Error quotes the page's text as an error status's page is quoted (StatusError.Error).
+// Before, it quoted the page's first characters, its markup (a login page's doctype, head
+// and styles), and the JSON parser's complaint of its '<'.
 func (e *webPageError) Error() string {
-	return e.err.Error() + " (a web page: check agent.openai.base_url, and what answers at that address)"
+	reads := "that reads"
+	if e.markup {
+		reads = "with no text, starting"
+	}
+	return fmt.Sprintf("openai agent: response is not a chat completion but a web page (Content-Type %q) %s %q: check agent.openai.base_url, and what answers at that address",
+		e.contentType, reads, e.text)
 }
 
 // ErrEmptyReply is wrapped by the error Run returns when the model answered without any text.

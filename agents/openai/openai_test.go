@@ -1653,7 +1653,9 @@ func TestAnswerThatIsNoCompletion(t *testing.T) {
 		notice    string   // in the Refusal's notice; "" means no Refusal
 	}{
 		{name: "a web app's page", answer: openaitest.Raw("text/html; charset=utf-8", "\n<!doctype html><html><head><title>Open WebUI</title></head></html>"),
-			want: []string{`"text/html; charset=utf-8"`, "<title>Open WebUI</title>", "agent.openai.base_url"}, notice: "web page"},
+			want: []string{`a web page (Content-Type "text/html; charset=utf-8") that reads "Open WebUI"`, "agent.openai.base_url"}, notice: "web page"},
+		{name: "a page without text", answer: openaitest.Raw("text/html", "<html><head><meta http-equiv=refresh content=\"0; url=/login\"></head></html>"),
+			want: []string{`a web page (Content-Type "text/html") with no text, starting "<html><head><meta http-equiv=refresh content=\"0; url=/login\"></head></html>"`}, notice: "web page"},
 		{name: "a proxy's login page, streaming", answer: openaitest.Raw("text/html", "<html><body>Sign in to Access "+testKey+"</body></html>"),
 			streaming: true, want: []string{"Sign in to Access [redacted]"}, notice: "web page"},
 		{name: "a JSON array", answer: openaitest.Raw("application/json", "[]"), want: []string{`"application/json"`, `starting "[]"`}},

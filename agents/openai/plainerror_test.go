@@ -209,3 +209,80 @@ func TestKeyCutInTheQuotedTextIsNotShown(t *testing.T) {
 		})
 	}
 }
+
+// oauth2ProxySignIn is the page oauth2-proxy answers a request without its session's cookie
+// with (a 200 when its --skip-provider-button is off): a proxy that guards the endpoint.
+const oauth2ProxySignIn = `<!DOCTYPE html>
+<html lang="en" charset="utf-8">
+  <head>
+    <meta charset="utf-8">
+    <meta name="viewport" content="width=device-width, initial-scale=1, shrink-to-fit=no">
+    <title>Sign In</title>
+    <link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/bulma@0.9.3/css/bulma.min.css">
+    <style>
+      body { height: 100vh; }
+      .sign-in-box { max-width: 400px; margin: 1.25rem auto; }
+    </style>
+  </head>
+  <body class="has-background-light">
+  <section class="section">
+    <div class="box block sign-in-box has-text-centered">
+      <form method="GET" action="/oauth2/start">
+        <input type="hidden" name="rd" value="/v1/chat/completions">
+        <button type="submit" class="button block is-primary">Sign in with Google</button>
+      </form>
+    </div>
+  </section>
+  <script>
+    if (window.location.hash) { (function() { var inputs = document.getElementsByName('rd'); })(); }
+  </script>
+  <footer>Secured with <a href="https://github.com/oauth2-proxy/oauth2-proxy#oauth2_proxy">OAuth2 Proxy</a> version 7.6.0</footer>
+  </body>
+</html>
+`
+
+// captivePortal is a hotel network's page, which its gateway answers every HTTP request
+// with until the guest logs in (a model endpoint over plain HTTP, from a laptop).
+const captivePortal = "<html><head><title>Welcome to Harbour Hotel Wi-Fi</title>" +
+	"<meta http-equiv=\"refresh\" content=\"5; url=http://portal.example.net/login\"></head>" +
+	"<body><h1>Welcome!</h1><p>Please accept the terms of use &amp; log in to reach the Internet.</p></body></html>"
+
+// TestWebPageAnsweredWith200IsQuotedAsItsReaderSeesIt: a 200 whose body is a web page in
+// place of a chat completion (a proxy's login page, a captive portal's) fails the turn with
+// an error that quotes the page as an error status's page is quoted (bodyText): its title and
+// text, without markup, styles or scripts, with its entities decoded; streamed or not. Before,
+// it quoted the page's first 200 characters, its doctype, head and styles, which said nothing
+// of the sign-in it asks for.
+func TestWebPageAnsweredWith200IsQuotedAsItsReaderSeesIt(t *testing.T) {
+	for _, tc := range []struct {
+		name, page string
+		stream     bool
+		want       string
+	}{
+		{"oauth2-proxy's sign-in page", oauth2ProxySignIn, false,
+			`a web page (Content-Type "text/html; charset=utf-8") that reads "Sign In Sign in with Google Secured with OAuth2 Proxy version 7.6.0"`},
+		{"oauth2-proxy's sign-in page, streaming", oauth2ProxySignIn, true,
+			`that reads "Sign In Sign in with Google Secured with OAuth2 Proxy version 7.6.0"`},
+		{"a captive portal", captivePortal, false,
+			`that reads "Welcome to Harbour Hotel Wi-Fi Welcome! Please accept the terms of use & log in to reach the Internet."`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, openaitest.Raw("text/html; charset=utf-8", tc.page))
+			a := MustAgent(t, m, nil, nil, nil)
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.stream {
+				req.Partial = func(string) {}
+			}
+			_, err := a.Run(t.Context(), req)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run error = %v, want one holding %s", err, tc.want)
+			}
+			if strings.ContainsAny(err.Error(), "<>{}") {
+				t.Errorf("Run error = %v, want it without markup or styles", err)
+			}
+			if ref, ok := errors.AsType[*agents.Refusal](err); !ok || !strings.Contains(ref.Notice, "web page") {
+				t.Errorf("Run error = %v, want a Refusal that names a web page", err)
+			}
+		})
+	}
+}
