@@ -487,15 +487,27 @@ func (a *Agent) notFoundHint() string {
 
 // bodyText is the text of an error body, raw, that is no JSON document (an object, or null):
 // a server's or proxy's plain text ("CUDA out of memory", nginx's "upstream request timeout"),
-// or the text a web page (HTML, XML: a proxy's 502, 503 or 504 page) shows a reader
-// (pageText), when page is set: of its first maxErrorBody bytes (head: a stream's error event
-// may be 32 MiB). ok is false for a JSON document, or a body of spaces alone. Before, a page's
-// markup filled the 200 runes a message keeps, and Cloudflare's page said no more than its
-// conditional comments for old Internet Explorers.
+// a JSON string's (stringHead: `"model overloaded"`, an error event's data as a JSON encoder
+// writes a message), or the text a web page (HTML, XML: a proxy's 502, 503 or 504 page) shows
+// a reader (pageText), when page is set: of its first maxErrorBody bytes (head: a stream's
+// error event may be 32 MiB). ok is false for a JSON document, or a body of spaces alone.
+// Before, a page's markup filled the 200 runes a message keeps, and Cloudflare's page said no
+// more than its conditional comments for old Internet Explorers; a JSON string's quotes were
+// read as its text, which the error quoted again ("\"model overloaded\"").
 func bodyText(raw []byte) (text string, page, ok bool) {
 	t := bytes.TrimSpace(raw)
-	if len(t) == 0 || json.Unmarshal(t, new(struct{})) == nil {
+	if len(t) == 0 {
 		return "", false, false
+	}
+	err := json.Unmarshal(t, new(struct{}))
+	if err == nil {
+		return "", false, false
+	}
+	if _, valid := errors.AsType[*json.UnmarshalTypeError](err); valid && t[0] == '"' {
+		t = bytes.TrimSpace(stringHead(t, maxErrorBody))
+		if len(t) == 0 {
+			return "", false, false
+		}
 	}
 	t = head(t, maxErrorBody)
 	if t[0] == '<' {
@@ -504,6 +516,36 @@ func bodyText(raw []byte) (text string, page, ok bool) {
 		}
 	}
 	return string(t), false, true
+}
+
+// stringHead decodes the JSON string s (a whole one, valid: its quotes and escapes) as far as
+// its first n bytes reach, without cutting an escape or a character: a stream's error event
+// may be a string of 32 MiB, which bodyText reads only the start of. A surrogate pair cut in two decodes to
+// U+FFFD.
+func stringHead(s []byte, n int) []byte {
+	end := len(s) - 1 // the closing quote
+	if end > n {
+		i := 1
+		for i < n {
+			_, step := utf8.DecodeRune(s[i:])
+			if s[i] == '\\' {
+				step = 2
+				if s[i+1] == 'u' {
+					step = 6
+				}
+			}
+			if i+step > n {
+				break
+			}
+			i += step
+		}
+		end = i
+	}
+	var text string
+	if json.Unmarshal(append(s[:end:end], '"'), &text) != nil {
+		return nil // not reached for a valid string
+	}
+	return []byte(text)
 }
 
 // pageText is what a web page, raw, shows a reader: the text of its elements (its title's
@@ -545,7 +587,11 @@ func errorMessage(raw []byte) string {
 		Detail  json.RawMessage `json:"detail"`
 	}
 	if json.Unmarshal(raw, &doc) != nil {
-		return string(raw)
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s // a JSON string's text, "" too (bodyText reads its start)
+		}
+		return string(raw) // no JSON object: its text (bodyText)
 	}
 	var inner struct {
 		Message string `json:"message"`

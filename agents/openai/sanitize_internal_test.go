@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"runtime"
 	"strings"
 	"testing"
@@ -62,6 +63,36 @@ func FuzzStripColours(f *testing.F) {
 		// No ESC, nor its mark, nor a reset's digits (0, 22 to 29, 39, 49: sgrReset).
 		if !strings.ContainsAny(s, "\x1b\u009b\u241b^029") && got != s {
 			t.Fatalf("stripColours(%q) = %q, want it kept: no escape, no reset", s, got)
+		}
+	})
+}
+
+// FuzzStringHead decodes the start of any JSON string as encoding/json writes it: never a
+// panic, never past n bytes of the string's JSON, and always a start of the text, cut before an
+// escape the cut would split, never inside one.
+//
+// Run it with make fuzz FUZZ=FuzzStringHead PKG=./agents/openai.
+func FuzzStringHead(f *testing.F) {
+	for _, s := range []string{"model overloaded", "line one\nline two", `a "quoted" word`, "café 😀", "<b>&</b>", "\u2028\x00\x1b[31m", ""} {
+		f.Add(s, 8)
+	}
+	f.Fuzz(func(t *testing.T, s string, n int) {
+		if !utf8.ValidString(s) || n < 1 {
+			return // encoding/json writes U+FFFD for a bad byte; bodyText reads at least 1 byte
+		}
+		enc, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := string(stringHead(enc, n))
+		if !strings.HasPrefix(s, got) {
+			t.Fatalf("stringHead(%s, %d) = %q, not a start of %q", enc, n, got, s)
+		}
+		if whole, _ := json.Marshal(got); len(whole) > max(n+1, 2) && len(enc) > n+1 {
+			t.Fatalf("stringHead(%s, %d) = %q, past %d bytes of its JSON", enc, n, got, n)
+		}
+		if len(enc) <= n+1 && got != s {
+			t.Fatalf("stringHead(%s, %d) = %q, want all of %q", enc, n, got, s)
 		}
 	})
 }

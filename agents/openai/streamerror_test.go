@@ -2,6 +2,7 @@ package openai_test
 
 import (
 	"errors"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,6 +131,51 @@ func TestStreamChunkThatIsNoJSON(t *testing.T) {
 			}
 			if got.requests != 1 || !slices.Equal(got.results, []string{openai.ResultBadReply}) {
 				t.Errorf("the model got %d requests, counted %q; want 1, a bad reply", got.requests, got.results)
+			}
+		})
+	}
+}
+
+// TestErrorTextInAJSONStringIsQuotedOnce: an error whose text is a JSON string, an "event:
+// error" whose data is one (`data: "model overloaded"`, as a JSON encoder writes a message),
+// crane-serve's "data: error: " before one, or an error status's body that is one, is the
+// string's text: the StatusError's message, quoted once in the error, its escapes decoded (a
+// newline made a space, as sanitize makes one). A JSON string of an error event's MiB is read
+// from its start alone (stringHead), as plain text is. Before, its quotes were read as its text, and
+// the error quoted them again: `"\"model overloaded\""`.
+func TestErrorTextInAJSONStringIsQuotedOnce(t *testing.T) {
+	long := `"` + strings.Repeat(`model overloaded\n`, (1<<20)/len(`model overloaded\n`)) + `"`
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+		stream bool
+		want   string // the StatusError's message, quoted in the error unless it is agentgate's
+	}{
+		{"an error event", openaitest.Raw("text/event-stream", "event: error\ndata: \"model overloaded\"\n\n"), true, "model overloaded"},
+		{"crane-serve's error data", openaitest.Raw("text/event-stream", "data: error: \"engine failed: CUDA out of memory\"\n\n"), true, "engine failed: CUDA out of memory"},
+		{"with escapes", openaitest.Raw("text/event-stream", "event: error\ndata: \"worker \\\"gpu-0\\\" died:\\nsee caf\\u00e9 \\ud83d\\ude00\"\n\n"), true, `worker "gpu-0" died: see café 😀`},
+		{"an error status's body", openaitest.Status(http.StatusServiceUnavailable, `"model overloaded"`), false, "model overloaded"},
+		{"an empty one", openaitest.Raw("text/event-stream", "event: error\ndata: \"\"\n\n"), true, "an error without a message"},
+		{"of a MiB", openaitest.Raw("text/event-stream", "event: error\ndata: "+long+"\n\n"), true, strings.Repeat("model overloaded ", 12)[:200] + "…"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFakeModel(t, tc.answer)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
+			req := &agents.Request{Messages: []agents.Message{msg("user", "hi")}}
+			if tc.stream {
+				req.Partial = func(string) {}
+			}
+			_, err := a.Run(t.Context(), req)
+			se, ok := errors.AsType[*openai.StatusError](err)
+			if !ok || se.Message != tc.want {
+				t.Fatalf("Run error = %v, want a StatusError whose message is %q", err, tc.want)
+			}
+			shows := ": " + strconv.Quote(tc.want)
+			if tc.want == "an error without a message" {
+				shows = ": " + tc.want
+			}
+			if !strings.HasSuffix(err.Error(), shows) {
+				t.Errorf("Run error = %v, want it to end %s", err, shows)
 			}
 		})
 	}
