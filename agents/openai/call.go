@@ -452,6 +452,9 @@ func stripURL(err error) error {
 func (a *Agent) statusError(resp *http.Response, body []byte) *StatusError {
 	// A byte more than bodyText reads tells it that it cuts the text.
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
+	// A byte order mark before the body, as attempt drops one before a 200's: with it, a
+	// JSON error was read as text that is no JSON, quoted whole, and its param unread.
+	raw = bytes.TrimPrefix(raw, []byte(byteOrderMark))
 	msg, plain, page := errorMessage(raw), false, false
 	if text, isPage, ok := bodyText(raw); ok {
 		msg, plain, page = text, true, isPage

@@ -34,7 +34,7 @@
 // net/http closes the connection of a body closed before its end. An answer is read as what its
 // body is, whatever was asked and whatever its Content-Type says: servers and proxies that
 // always stream, or label a stream application/json, are answered too; a stream's lines may end with CRLF, LF or a lone CR, as
-// the event stream format allows, and a body may start with a byte order mark. A reply the
+// the event stream format allows, and a body, an error status's too, may start with a byte order mark. A reply the
 // model stopped before its end (finish_reason length or content_filter, or a request to call a
 // tool after some text), or cut at MaxReply (a stream is then read no further, so that a model
 // that runs on does not keep the turn to its timeout), ends with a note that says so (cutNote),

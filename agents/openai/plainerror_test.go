@@ -286,3 +286,49 @@ func TestWebPageAnsweredWith200IsQuotedAsItsReaderSeesIt(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorBodyAfterAByteOrderMark: an error status's body that starts with a byte order mark
+// (a server or proxy on Windows, or one that writes its JSON with one) is read as what follows
+// it, as a 200's body is: a JSON error's message, unquoted, and the parameter it names, which
+// adapt does without; a page's text, or plain text, without the mark. Before, the JSON error
+// was read as text that is no JSON: quoted whole, braces and all, and its param unread.
+func TestErrorBodyAfterAByteOrderMark(t *testing.T) {
+	const bom = "\uFEFF"
+	for _, tc := range []struct {
+		name, body string
+		want       string // the StatusError's message
+		requests   int
+	}{
+		{"a JSON error", bom + `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,
+			"Rate limit reached for requests", 1},
+		{"a page", bom + nginx503, "503 Service Temporarily Unavailable 503 Service Temporarily Unavailable nginx/1.27.3", 1},
+		{"plain text", bom + "upstream request timeout", "upstream request timeout", 1},
+		{"a parameter refused", bom + `{"error":{"message":"Invalid request.","type":"invalid_request_error","param":"stream_options","code":"unsupported_parameter"}}`,
+			"", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			steps := []http.HandlerFunc{openaitest.Status(http.StatusServiceUnavailable, tc.body)}
+			if tc.requests == 2 {
+				steps = []http.HandlerFunc{openaitest.Status(http.StatusBadRequest, tc.body), openaitest.Reply("hello", 3, 1)}
+			}
+			m := newFakeModel(t, steps...)
+			a := MustAgent(t, m, nil, nil, func(c *openai.Config) { c.MaxRetries = 0 })
+			resp, err := a.Run(t.Context(), &agents.Request{Messages: []agents.Message{msg("user", "hi")}, Partial: func(string) {}})
+			if tc.requests == 2 {
+				// Refused for stream_options (its param alone names it), which the request
+				// sent again does without.
+				if err != nil || resp.Text != "hello" || m.Count() != 2 {
+					t.Fatalf("Run = %+v, %v after %d requests, want the reply of the request sent again without stream_options", resp, err, m.Count())
+				}
+				return
+			}
+			se, ok := errors.AsType[*openai.StatusError](err)
+			if !ok || se.Message != tc.want {
+				t.Fatalf("Run error = %v, want a StatusError whose message is %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "{") || strings.Contains(err.Error(), `\ufeff`) || strings.Contains(err.Error(), bom) {
+				t.Errorf("Run error = %q, want the mark and the JSON left out", err)
+			}
+		})
+	}
+}
