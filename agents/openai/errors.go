@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/ansi"
 	"github.com/agentgate/agentgate/internal/redact"
 )
 
@@ -480,67 +481,6 @@ const maxErrorMessage = 200
 // commit ids, checksums and base64 the operator needs to read.
 var opaqueToken = regexp.MustCompile(`\b[A-Za-z0-9_\-]{40,}\b`)
 
-// ansiEscape matches an ANSI escape sequence (ECMA-48) in an endpoint's text, which a server
-// that logs in colour may put in its error messages too (a Python engine's traceback, a Rust
-// server's tracing output): a CSI ("\x1b[31m", "\x1b[2K", also as the one-byte C1 CSI), an
-// OSC ended by BEL or ST ("\x1b]8;;https://…\x07", a link), a character set's ("\x1b(B",
-// which tput sgr0 puts before "\x1b[m"), or another escape of two bytes.
-var ansiEscape = regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x{9b}[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]`)
-
-// printedColour matches what is left of a colour code (SGR) whose ESC a proxy or logger dropped
-// or printed ("[31m", "[1;31m", "[0m", after "␛" or "^["), which stripColours takes out when
-// no "]" follows it (an index such as "[5m]" is text), and, for one that is no more than
-// "[31m", when the text holds two such, one of which resets (sgrReset): a logger that colours a
-// word writes its code and the one that ends it, while such a code without its reset is more
-// likely text ("retry in [5m0s]", "windows [1m, 5m]"; found by a review: the first read "retry
-// in 0s]"). Its groups are the ESC's mark and the code's parameters.
-var printedColour = regexp.MustCompile(`(\x{241b}|\^\[)?\[(\d{1,3}(?:;\d{1,3})*)m`)
-
-// sgrReset reports whether the parameters of a colour code, params ("0", "1;31"), end a colour
-// or a style: all of them (0), bold or dim (22), italic, underline, blink, inverse, hidden,
-// crossed out (23 to 29), the foreground's (39) or the background's colour (49).
-func sgrReset(params string) bool {
-	for p := range strings.SplitSeq(params, ";") {
-		if n, _ := strconv.Atoi(p); n == 0 || (n >= 22 && n <= 29) || n == 39 || n == 49 {
-			return true
-		}
-	}
-	return false
-}
-
-// stripColours takes ANSI escape sequences (ansiEscape) and the remains of colour codes
-// (printedColour) out of an endpoint's text. Before, sanitize made an ESC a space and kept the
-// rest, so "\x1b[31mERROR\x1b[0m" reached the user's log line as "[31mERROR [0m".
-func stripColours(s string) string {
-	if !strings.ContainsAny(s, "\x1b\u009b[") {
-		return s
-	}
-	s = ansiEscape.ReplaceAllString(s, "")
-	codes := printedColour.FindAllStringSubmatchIndex(s, -1)
-	codes = slices.DeleteFunc(codes, func(m []int) bool { return m[1] < len(s) && s[m[1]] == ']' })
-	bare, reset := 0, false // codes without the ESC's mark, and whether one of them resets
-	for _, m := range codes {
-		if m[2] < 0 {
-			bare++
-			reset = reset || sgrReset(s[m[4]:m[5]])
-		}
-	}
-	var b strings.Builder
-	last := 0
-	for _, m := range codes {
-		if m[2] < 0 && (bare < 2 || !reset) {
-			continue
-		}
-		b.WriteString(s[last:m[0]])
-		last = m[1]
-	}
-	if last == 0 {
-		return s
-	}
-	b.WriteString(s[last:])
-	return b.String()
-}
-
 // maxSanitized bounds what sanitize reads of a text, in bytes: room for the maxErrorMessage
 // runes it keeps, in any script, and for much it takes out before them (space, colour codes, a
 // long key redacted).
@@ -584,7 +524,7 @@ func wordEnd(b byte) bool {
 }
 
 // sanitize makes an endpoint's text fit for an error message: its first maxSanitized bytes
-// (head), ANSI escape sequences and the remains of colour codes taken out (stripColours), the
+// (head), ANSI escape sequences and the remains of colour codes taken out (ansi.Strip), the
 // key, the passwords of URLs, key-like strings (redact.String's rules) and opaque tokens
 // redacted, control characters and newlines turned into spaces, runs of space collapsed, at
 // most maxErrorMessage runes. Before it read a bounded start, an error event of a stream's 32
@@ -592,7 +532,7 @@ func wordEnd(b byte) bool {
 // caller that cut the text first (a stream's chunk that is no JSON, at 512 bytes) could cut a
 // key in two and show its first characters.
 func sanitize[T string | []byte](text T, key string) string {
-	s := redact.String(stripColours(string(head(text, maxSanitized))), key)
+	s := redact.String(ansi.Strip(string(head(text, maxSanitized))), key)
 	s = opaqueToken.ReplaceAllString(s, redact.Placeholder)
 	var b strings.Builder
 	space := false

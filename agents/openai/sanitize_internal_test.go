@@ -11,7 +11,7 @@ import (
 // TestSanitizeReadsABoundedStart: sanitize reads the first maxSanitized bytes of a text, and
 // bodyText the first maxErrorBody of a body, whatever their length (a stream's error event may
 // be 32 MiB): what they allocate does not grow with it, and the message is the one the text's
-// start makes. Before, an error event of 32 MiB in colour was read whole by stripColours,
+// start makes. Before, an error event of 32 MiB in colour was read whole by ansi.Strip,
 // redact's rules and opaqueToken, over a minute of a CPU for each attempt of a turn, which
 // retried it as a fault of the server.
 func TestSanitizeReadsABoundedStart(t *testing.T) {
@@ -38,33 +38,6 @@ func TestSanitizeReadsABoundedStart(t *testing.T) {
 	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
 		t.Errorf("sanitize and bodyText of 32 MiB allocated %d MiB, want at most 4 (what their bounded starts take; the race detector adds)", n>>20)
 	}
-}
-
-// FuzzStripColours takes colour codes out of any text as stripColours does: never a panic, never
-// a longer text, valid UTF-8 kept valid, and a text without an ESC or a code's reset kept.
-//
-// Run it with make fuzz FUZZ=FuzzStripColours PKG=./agents/openai.
-func FuzzStripColours(f *testing.F) {
-	for _, s := range []string{
-		"\x1b[31mERROR\x1b[0m: boom", "[31mERROR[0m", "^[[1;31mx^[[0m", "␛[33mslot[0m [5m]",
-		"\x1b]8;;https://example.com\x07link\x1b]8;;\x1b\\", "\x1b(B\x1b[m", "\u009b31mx", "\x1b]unterminated",
-		"retry in [5m0s]", "a[31m", "[1;2;3;4;5;6;7;8;9;0m", "[999m[0m", "\x1b[\x1b[31m31m",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		got := stripColours(s)
-		if len(got) > len(s) {
-			t.Fatalf("stripColours(%q) = %q, longer", s, got)
-		}
-		if utf8.ValidString(s) && !utf8.ValidString(got) {
-			t.Fatalf("stripColours(%q) = %q, not UTF-8", s, got)
-		}
-		// No ESC, nor its mark, nor a reset's digits (0, 22 to 29, 39, 49: sgrReset).
-		if !strings.ContainsAny(s, "\x1b\u009b\u241b^029") && got != s {
-			t.Fatalf("stripColours(%q) = %q, want it kept: no escape, no reset", s, got)
-		}
-	})
 }
 
 // FuzzStringHead decodes the start of any JSON string as encoding/json writes it: never a
