@@ -32,9 +32,9 @@ type ExitError struct {
 	// Code says the rest.
 	Signal syscall.Signal
 	// Stderr is the end (at most MaxStderrLogged bytes, after a note of how many came before
-	// it) of what the command wrote to stderr, most often why it failed, with the daemon's
-	// secrets (Config.Withhold), key-like strings and the passwords of URLs replaced by
-	// [redacted], since the error is logged. (More of it, MaxStderr bytes, is logged at Debug,
+	// it) of what the command wrote to stderr, most often why it failed, without colour codes
+	// (ansi.Strip), with the daemon's secrets (Config.Withhold), key-like strings and the
+	// passwords of URLs replaced by [redacted], since the error is logged. (More of it, MaxStderr bytes, is logged at Debug,
 	// as is the tail of stdout, which may be the reply: no message bodies above it.)
 	Stderr string
 }

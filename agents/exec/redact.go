@@ -5,6 +5,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/agentgate/agentgate/internal/ansi"
 	"github.com/agentgate/agentgate/internal/redact"
 )
 
@@ -12,10 +13,10 @@ import (
 // blot out common words, and no token is that short.
 const minSecret = 4
 
-// redactor makes a command's output fit for a log line: the values of the variables withheld
-// from it (the daemon's own secrets, Config.Withhold), the passwords of URLs and key-like
-// strings (redact.String's rules) replaced by [redacted]. It is a pointer in Agent, so that %v
-// of an Agent never prints the values.
+// redactor makes a command's output fit for a log line: its colour codes taken out, the
+// values of the variables withheld from it (the daemon's own secrets, Config.Withhold), the
+// passwords of URLs and key-like strings (redact.String's rules) replaced by [redacted]. It is
+// a pointer in Agent, so that %v of an Agent never prints the values.
 type redactor struct {
 	values []string
 }
@@ -106,8 +107,15 @@ func tokenChar(c rune) bool {
 	return c < unicode.MaxASCII && (unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("_-.+/=~", c))
 }
 
-// redact returns s with the withheld values, the passwords of URLs and key-like strings
-// replaced by [redacted].
+// redact returns s without ANSI escape sequences and the remains of colour codes (ansi.Strip:
+// a command that colours its log lines, as a logger does when FORCE_COLOR or its own setting
+// asks, or a tool that always does), and with the withheld values, the passwords of URLs and
+// key-like strings replaced by [redacted]. The withheld values are found before the codes
+// are taken out, so that one that holds what reads as a code ("pa[1mss[0m") is found whole,
+// and again after, with redact's other rules, which read the text as its reader does (a code
+// between "Bearer" and its token hid the token from them). Before, the codes stayed, and a
+// failed command's error read "␛[31mERROR␛[0m: …" on a coloured log line ("\x1b[31m" on
+// another).
 func (r *redactor) redact(s string) string {
-	return redact.String(s, r.values...)
+	return redact.String(ansi.Strip(redact.Values(s, r.values...)), r.values...)
 }

@@ -1,6 +1,7 @@
 package exec_test
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -91,6 +92,48 @@ func TestStderrEndDropsTheEndOfAWithheldValueOfSeveralLines(t *testing.T) {
 	for _, where := range []string{err.Error(), logs.String()} {
 		if strings.Contains(where, "second-half") || strings.Contains(where, "of-the-key") {
 			t.Errorf("the withheld value's second half is shown: %q", where)
+		}
+	}
+}
+
+// TestStderrColourCodesAreTakenOut: a failed command's stderr in colour (a logger's ANSI
+// codes, and what is left of them when a wrapper printed them without the ESC) reaches the
+// turn's error and its log lines without the codes, as the openai agent's endpoint text does
+// (ansi.Strip, one function for both); a withheld value that holds text that reads as a code is
+// still redacted whole, and a code between "Bearer" and its token does not hide the token.
+// Before, the codes stayed: the error read "␛[1;31mERROR␛[0m" on a coloured log line and
+// "\x1b[1;31mERROR\x1b[0m" on another.
+func TestStderrColourCodesAreTakenOut(t *testing.T) {
+	t.Setenv("EXECTEST_COLOUR_SECRET", "pa[1mss[0mword42")
+	// (The command has no such variable: it prints the value as a command may have it from
+	// elsewhere.)
+	script := `printf '\033[1;31mERROR\033[0m worker \033[33mgpu-0\033[0m died\n' >&2
+printf '[33mWARN[0m printed without the ESC\n' >&2
+printf 'login with %s\n' 'pa[1mss[0mword42' >&2
+printf 'Authorization: Bearer \033[2mabcdef0123456789abcdef\033[0m\n' >&2
+exit 3`
+	var logs testutil.Buffer
+	cmd, _ := MustScript(t, script)
+	a := MustNew(t, exec.Config{Command: cmd, Withhold: []string{"EXECTEST_COLOUR_SECRET"},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	_, err := a.Run(t.Context(), request(turn(1), "hi"))
+	ee, ok := errors.AsType[*exec.ExitError](err)
+	const want = "ERROR worker gpu-0 died\nWARN printed without the ESC\nlogin with [redacted]\nAuthorization: Bearer [redacted]\n"
+	if !ok || ee.Stderr != want {
+		t.Fatalf("Run() error = %v, want an ExitError whose stderr is %q", err, want)
+	}
+	debug := ""
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, `msg="exec agent stderr"`) {
+			debug = line
+		}
+	}
+	if !strings.Contains(debug, `ERROR worker gpu-0 died\nWARN printed without the ESC\nlogin with [redacted]`) {
+		t.Errorf("the Debug line of stderr does not show it without its codes:\n%s", debug)
+	}
+	for _, s := range []string{"[1;31m", "[33m", "[0m", `\x1b`, "pa[1m", "word42", "abcdef0123"} {
+		if strings.Contains(err.Error(), s) || strings.Contains(logs.String(), s) {
+			t.Errorf("the error or the logs hold %q:\n%v\n%s", s, err, logs.String())
 		}
 	}
 }

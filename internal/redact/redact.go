@@ -117,14 +117,7 @@ var keyLike = regexp.MustCompile(`(?i)(bearer[ \t]+)[^\s"',;\[\]][^\s"',;\]]*` +
 // replaced wherever they occur, longest first (so that one which holds another leaves none of
 // itself behind); the caller decides which are too short to be told from ordinary text.
 func String(s string, values ...string) string {
-	if len(values) > 1 {
-		values = slices.SortedFunc(slices.Values(values), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
-	}
-	for _, v := range values {
-		if v != "" {
-			s = strings.ReplaceAll(s, v, Placeholder)
-		}
-	}
+	s = Values(s, values...)
 	s = pemKey.ReplaceAllString(s, "${1}"+Placeholder+"${2}")
 	s = pemKeyEnd.ReplaceAllString(s, Placeholder+"\n${1}")
 	s = urlPassword.ReplaceAllString(s, "${1}"+Placeholder+"${2}")
@@ -136,6 +129,22 @@ func String(s string, values ...string) string {
 	s = keyLike.ReplaceAllString(s, "${1}"+Placeholder)
 	s = replaceSubmatch(named, s, nameValue)
 	return replaceSubmatch(flagArg, s, nameValue)
+}
+
+// Values returns s with every non-empty one of values replaced by Placeholder, longest first:
+// String's first step, for a caller that changes the text before String's rules read it (the
+// exec agent takes colour codes out of a command's output, and a value may hold what reads as
+// one, which would leave it in pieces no rule knows).
+func Values(s string, values ...string) string {
+	if len(values) > 1 {
+		values = slices.SortedFunc(slices.Values(values), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	}
+	for _, v := range values {
+		if v != "" {
+			s = strings.ReplaceAll(s, v, Placeholder)
+		}
+	}
+	return s
 }
 
 // replaceSubmatch returns s with each match of re replaced by what f makes of its submatches
