@@ -108,7 +108,7 @@ func TestStderrColourCodesAreTakenOut(t *testing.T) {
 	// (The command has no such variable: it prints the value as a command may have it from
 	// elsewhere.)
 	script := `printf '\033[1;31mERROR\033[0m worker \033[33mgpu-0\033[0m died\n' >&2
-printf '[33mWARN[0m printed without the ESC\n' >&2
+printf '[33mWARN[0m printed without the ESC, retry in [5m0s]\n' >&2
 printf 'login with %s\n' 'pa[1mss[0mword42' >&2
 printf 'Authorization: Bearer \033[2mabcdef0123456789abcdef\033[0m\n' >&2
 exit 3`
@@ -118,7 +118,7 @@ exit 3`
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	_, err := a.Run(t.Context(), request(turn(1), "hi"))
 	ee, ok := errors.AsType[*exec.ExitError](err)
-	const want = "ERROR worker gpu-0 died\nWARN printed without the ESC\nlogin with [redacted]\nAuthorization: Bearer [redacted]\n"
+	const want = "ERROR worker gpu-0 died\nWARN printed without the ESC, retry in [5m0s]\nlogin with [redacted]\nAuthorization: Bearer [redacted]\n"
 	if !ok || ee.Stderr != want {
 		t.Fatalf("Run() error = %v, want an ExitError whose stderr is %q", err, want)
 	}
@@ -128,7 +128,7 @@ exit 3`
 			debug = line
 		}
 	}
-	if !strings.Contains(debug, `ERROR worker gpu-0 died\nWARN printed without the ESC\nlogin with [redacted]`) {
+	if !strings.Contains(debug, `ERROR worker gpu-0 died\nWARN printed without the ESC, retry in [5m0s]\nlogin with [redacted]`) {
 		t.Errorf("the Debug line of stderr does not show it without its codes:\n%s", debug)
 	}
 	for _, s := range []string{"[1;31m", "[33m", "[0m", `\x1b`, "pa[1m", "word42", "abcdef0123"} {

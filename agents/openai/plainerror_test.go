@@ -130,8 +130,10 @@ func TestErrorBodyThatIsNoJSON(t *testing.T) {
 // out of the message the user's notice and the operator's log line are made of, and so are the
 // remains of colour codes whose ESC a proxy or logger dropped or printed ("[31m", "^[[0m"); an
 // index such as "[5m]" is text, and so are such codes that none resets ("retry in [5m0s]",
-// which before read "retry in 0s]"). Before, the ESC became a space and the rest stayed:
-// "[31mERROR [0m: …".
+// which before read "retry in 0s]") and those whose bracket a "]" closes, also beside codes
+// that reset (before, "retry in [5m0s]" still read "retry in 0s]" next to "[33mWARN[0m", and
+// lost its "[5m" and a literal "[0m" with it). Before, the ESC became a space and the rest
+// stayed: "[31mERROR [0m: …".
 func TestColourCodesAreTakenOut(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -151,6 +153,10 @@ func TestColourCodesAreTakenOut(t *testing.T) {
 			"ERROR: upstream llama gone, slot [5m] of [10m]"},
 		{"text that reads as codes without their reset", openaitest.Status(503, `{"error":{"message":"rate window [1m, 5m] exceeded: retry in [5m0s]"}}`),
 			"rate window [1m, 5m] exceeded: retry in [5m0s]"},
+		{"text that reads as codes beside codes", openaitest.Status(503, `{"error":{"message":"[33mWARN[0m rate window [1m, 5m] exceeded: retry in [5m0s]"}}`),
+			"WARN rate window [1m, 5m] exceeded: retry in [5m0s]"},
+		{"text that reads as a code beside a literal reset", openaitest.Status(400, `{"error":{"message":"retry in [5m0s]; the terminal was reset with [0m"}}`),
+			"retry in [5m0s]; the terminal was reset with [0m"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newFakeModel(t, tc.answer)

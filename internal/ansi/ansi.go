@@ -3,8 +3,8 @@
 // that agentgate quotes in an error or a log line but did not write: the error a model endpoint
 // answered, the stderr of a failed exec command. Both agents use this one function, so that
 // what one takes out the other does too. It takes nothing out that reads as text: a code that
-// "]" follows ("[5m]"), or one without the ESC's mark that no other such resets ("retry in
-// [5m0s]").
+// "]" follows ("[5m]"), or one without the ESC's mark whose bracket a "]" closes ("retry in
+// [5m0s]") or that no other such resets.
 //
 // The package is pure (no I/O, no goroutines; safe for concurrent use) and imports nothing from
 // agentgate.
@@ -25,12 +25,15 @@ import (
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x{9b}[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]`)
 
 // printedColour matches what is left of a colour code (SGR) whose ESC a proxy or logger dropped
-// or printed ("[31m", "[1;31m", "[0m", after "␛" or "^["), which Strip takes out when
-// no "]" follows it (an index such as "[5m]" is text), and, for one that is no more than
-// "[31m", when the text holds two such, one of which resets (sgrReset): a logger that colours a
-// word writes its code and the one that ends it, while such a code without its reset is more
-// likely text ("retry in [5m0s]", "windows [1m, 5m]"; found by a review: the first read "retry
-// in 0s]"). Its groups are the ESC's mark and the code's parameters.
+// or printed ("[31m", "[1;31m", "[0m", after "␛" or "^["), which Strip takes out when no "]"
+// follows it (an index such as "[5m]" is text), and, for one that is no more than "[31m",
+// when a "]" does not close its bracket before another "[" opens or the line ends (closed:
+// "retry in [5m0s]", "windows [1m, 5m]" are text, a coloured word's code is followed by the
+// word and the "[" of the code that ends it), and when the text holds two such, one of which
+// resets (sgrReset): a logger that colours a word writes its code and the one that ends it,
+// while such a code without its reset is more likely text (found by a review: "retry in
+// [5m0s]" read "retry in 0s]"; and beside a reset, printed or literal, it still did until
+// closed). Its groups are the ESC's mark and the code's parameters.
 var printedColour = regexp.MustCompile(`(\x{241b}|\^\[)?\[(\d{1,3}(?:;\d{1,3})*)m`)
 
 // sgrReset reports whether the parameters of a colour code, params ("0", "1;31"), end a colour
@@ -45,6 +48,16 @@ func sgrReset(params string) bool {
 	return false
 }
 
+// closed reports whether a "]" closes the bracket of the code without the ESC's mark that
+// ends at end in s before another "[" opens or the line ends: "[5m0s]", "[1m, 5m]", text that
+// reads as a code. A coloured word's code is followed by the word, then the "[" of the code
+// that ends it ("[31mERROR[0m"). The cost is a coloured word whose text closes a bracket
+// before the code that ends it ("[31mlist]" … "[0m"): its codes are shown, not its text eaten.
+func closed(s string, end int) bool {
+	i := strings.IndexAny(s[end:], "[]\n")
+	return i >= 0 && s[end+i] == ']'
+}
+
 // Strip returns s without its ANSI escape sequences (ansiEscape) and the remains of colour
 // codes (printedColour). Before, the openai agent made an ESC a space and kept the rest, so
 // "\x1b[31mERROR\x1b[0m" reached the user's log line as "[31mERROR [0m".
@@ -54,7 +67,9 @@ func Strip(s string) string {
 	}
 	s = ansiEscape.ReplaceAllString(s, "")
 	codes := printedColour.FindAllStringSubmatchIndex(s, -1)
-	codes = slices.DeleteFunc(codes, func(m []int) bool { return m[1] < len(s) && s[m[1]] == ']' })
+	codes = slices.DeleteFunc(codes, func(m []int) bool {
+		return (m[1] < len(s) && s[m[1]] == ']') || (m[2] < 0 && closed(s, m[1]))
+	})
 	bare, reset := 0, false // codes without the ESC's mark, and whether one of them resets
 	for _, m := range codes {
 		if m[2] < 0 {
