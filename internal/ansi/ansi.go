@@ -53,6 +53,9 @@ func sgrReset(params string) bool {
 // reads as a code. A coloured word's code is followed by the word, then the "[" of the code
 // that ends it ("[31mERROR[0m"). The cost is a coloured word whose text closes a bracket
 // before the code that ends it ("[31mlist]" … "[0m"): its codes are shown, not its text eaten.
+// Prose that writes codes as words ("[5m to blink, [0m to reset") still loses them: what
+// follows such a code, a space, follows a real one too (Rust's tracing pads its level,
+// "[32m INFO[0m"), and codes shown in each such line would cost more than the rare words lost.
 func closed(s string, end int) bool {
 	i := strings.IndexAny(s[end:], "[]\n")
 	return i >= 0 && s[end+i] == ']'
