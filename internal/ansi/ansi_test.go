@@ -23,6 +23,7 @@ func TestStrip(t *testing.T) {
 		{"a coloured word in brackets", "[[31mERROR[0m] boom", "[[31mERROR[0m] boom"},
 		{"a coloured word before a bracket on another line", "[31mERROR[0m boom\nsee [docs] and 1]", "ERROR boom\nsee [docs] and 1]"},
 		{"a printed code before a closing bracket", "^[[1mbold] ^[[0m", "bold] "},
+		{"prose that writes codes as words (a known cost: closed)", "use [5m to blink, [0m to reset", "use  to blink,  to reset"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Strip(tc.in); got != tc.want {
