@@ -14,7 +14,8 @@ FUZZ_TARGETS := FuzzKey:./internal/identity FuzzNeutraliseName:./internal/identi
 	FuzzLoad:./internal/config FuzzParseCommand:./actors FuzzSplit:./platforms/discord \
 	FuzzThreadName:./platforms/discord FuzzInboundMessage:./platforms/discord \
 	FuzzHTTPAPI:./supervisor FuzzDecodeOps:./persistence/spool FuzzSpoolNext:./persistence/spool \
-	FuzzSpoolReplay:./persistence FuzzModelAnswer:./agents/openai FuzzCommandOutput:./agents/exec
+	FuzzSpoolReplay:./persistence FuzzModelAnswer:./agents/openai FuzzCommandOutput:./agents/exec \
+	FuzzContextOverflow:./agents/openai FuzzStringHead:./agents/openai FuzzStrip:./internal/ansi
 
 .DEFAULT_GOAL := build
 .PHONY: build run test test-short bench fuzz lint check cover tidy generate clean help
