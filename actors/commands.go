@@ -268,6 +268,7 @@ func (s *Session) onCommand(c actor.Context, m *Deliver, src identity.Source, cm
 			}
 			return
 		}
+		s.forgetCopies(dropped)
 		r := s.result(m, platforms.Command, sid)
 		r.OutboxAfter = outAfter
 		c.Send(requester, r)
@@ -426,7 +427,7 @@ func (s *Session) saidInFlight() bool {
 func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int, dropped []*item) {
 	if r := s.unusual; r != nil {
 		dropped, r.interrupted = r.interrupted, nil // cut short by an interrupt, not answered yet
-		ops = markCut(dropped)
+		ops = s.markCut(dropped)
 		for _, it := range r.withdrawals {
 			// Queued until its sender deleted it, its archive in flight: were the archive
 			// refused, it would be queued again, after this command dropped the queue (onWithdraw).
@@ -439,7 +440,7 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 		s.cancelAwaited(c, r)
 		s.cutTurnCounted(r, "cancelled")
 		for _, it := range append(slices.Clone(r.items), r.steered...) {
-			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed, TurnID: r.id})
+			ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: s.seqsOf(it), Status: persistence.StatusFailed, TurnID: r.id})
 			dropped = append(dropped, it)
 			cancelled++
 		}
@@ -452,7 +453,7 @@ func (s *Session) stopWork(c actor.Context) (ops []persistence.Op, cancelled int
 			continue
 		}
 		dropped = append(dropped, it)
-		ops = append(ops, unrunOps(it.sessionID, it.seq)...)
+		ops = append(ops, unrunOps(it.sessionID, s.seqsOf(it)...)...)
 	}
 	s.queue = keep
 	s.updateBusy(c)
@@ -619,8 +620,11 @@ func (s *Session) onReset(c actor.Context, m *ResetSession) {
 				s.fileReset(dueReset)
 				s.restartFromStore(c, "the write of an operator's reset was refused", err)
 			}
-		} else if notice != nil {
-			s.sendOutbound(c, OutboundFromEntry(notice))
+		} else {
+			s.forgetCopies(dropped)
+			if notice != nil {
+				s.sendOutbound(c, OutboundFromEntry(notice))
+			}
 		}
 		c.Send(requester, r)
 	})

@@ -241,11 +241,11 @@ func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, t
 	if u := s.unusual; u != nil {
 		interrupted, u.interrupted = u.interrupted, nil
 	}
-	ops := markCut(interrupted)
+	ops := s.markCut(interrupted)
 	if status == persistence.StatusFailed {
-		ops = append(ops, unrunOps(it.sessionID, it.seq)...) // out of the conversation too
+		ops = append(ops, unrunOps(it.sessionID, s.seqsOf(it)...)...) // out of the conversation too (and an earlier copy's row: seqsOf)
 	} else {
-		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: status})
+		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: s.seqsOf(it), Status: status})
 	}
 	if s.cur != nil && s.cur.ID == it.sessionID {
 		s.lastSeq++
@@ -270,6 +270,8 @@ func (s *Session) setAsideThen(c actor.Context, it *item, status, text string, t
 			}
 			return // fenced: the key's new owner answers the message
 		}
+		s.forgetCopy(id)
+		s.forgetCopies(interrupted)
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	})
 }

@@ -298,11 +298,43 @@ func (s *Session) seqsOf(it *item) []int64 {
 	return []int64{it.seq}
 }
 
+// itemSeqs returns the seqs of items' rows, those of earlier copies of their writes that may be
+// stored too (noteCopy) after their own. A write that gives them a final status (a turn's
+// result, an interrupt's or /stop's mark, a set-aside) covers both: the spool's replay may have
+// stored the earlier copy and refused the later one as its duplicate, and a mark of the later
+// seq alone marked nothing, left the earlier copy pending, and the session's next load ran it
+// and answered it a second time (TestMessageSpooledTwiceIsAnsweredOnce). Only a session that
+// remembers a copy does more than one allocation.
+func (s *Session) itemSeqs(items []*item) []int64 {
+	seqs := make([]int64, len(items))
+	for i, it := range items {
+		seqs[i] = it.seq
+	}
+	if u := s.unusual; u != nil && len(u.copies) > 0 {
+		for _, it := range items {
+			if e, ok := u.copies[it.messageID]; ok && e.sessionID == it.sessionID && e.seq != it.seq {
+				seqs = append(seqs, e.seq)
+			}
+		}
+	}
+	return seqs
+}
+
 // forgetCopy forgets the earlier copy of messageID's write, if any (noteCopy): its rows are
 // archived.
 func (s *Session) forgetCopy(messageID string) {
 	if s.unusual != nil {
 		delete(s.unusual.copies, messageID)
+	}
+}
+
+// forgetCopies forgets the earlier copies of items' writes (noteCopy) once a write that gave
+// their rows, and so the copies' (itemSeqs, seqsOf), a final status has landed.
+func (s *Session) forgetCopies(items []*item) {
+	if u := s.unusual; u != nil && len(u.copies) > 0 {
+		for _, it := range items {
+			delete(u.copies, it.messageID)
+		}
 	}
 }
 

@@ -246,10 +246,7 @@ func (s *Session) interrupt(c actor.Context) {
 // cutShort takes cut, the messages of a turn an interrupt cut short (turnID), as answered by the
 // next answer (rareState.interrupted), and marks them failed in the store with that turn's id.
 func (s *Session) cutShort(c actor.Context, cut []*item, turnID string) {
-	seqs := make([]int64, len(cut))
-	for i, it := range cut {
-		seqs[i] = it.seq
-	}
+	seqs := s.itemSeqs(cut)
 	// The next turn's answer answers these too: their senders (a client waiting on one) hear
 	// that the conversation moved on, and no notice interrupts it. Only the last
 	// MaxInterrupted are kept: a chat that writes faster than its agent answers interrupts
@@ -265,7 +262,9 @@ func (s *Session) cutShort(c actor.Context, cut []*item, turnID string) {
 		Status: persistence.StatusFailed, TurnID: turnID}}, func(c actor.Context, err error) {
 		if err != nil {
 			s.logRefusedWrite("store interrupted turn; its messages are marked failed with the answer that answers them", err, "turn", turnID)
+			return // (the answer's write marks them again: markCut)
 		}
+		s.forgetCopies(cut)
 	})
 }
 
@@ -301,10 +300,10 @@ func (s *Session) supersede(c actor.Context, it *item) bool {
 // them; when the store refused that mark, they stayed pending there though answered, and the
 // key's next activation ran them and answered them a second time. A mark that landed keeps
 // the cut turn's id (no TurnID here).
-func markCut(cut []*item) []persistence.Op {
+func (s *Session) markCut(cut []*item) []persistence.Op {
 	ops := make([]persistence.Op, 0, len(cut)+4)
 	for _, it := range cut {
-		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: []int64{it.seq}, Status: persistence.StatusFailed})
+		ops = append(ops, &persistence.SetMessageStatus{SessionID: it.sessionID, Seqs: s.seqsOf(it), Status: persistence.StatusFailed})
 	}
 	return ops
 }
@@ -499,7 +498,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		switch ref, _ := errors.AsType[*agents.Refusal](m.Err); {
 		case ref != nil && ref.Declined:
 			riders = s.leaveOut(r, true)
-			archive = append(itemSeqs(r.items), riders...)
+			archive = append(s.itemSeqs(r.items), riders...)
 		}
 		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err, len(riders)), persistence.StatusFailed, m.Usage, archive)
 	} else {
@@ -591,15 +590,6 @@ func (s *Session) leaveOut(r *turnRun, own bool) []int64 {
 	return riders
 }
 
-// itemSeqs returns the seqs of items.
-func itemSeqs(items []*item) []int64 {
-	seqs := make([]int64, len(items))
-	for i, it := range items {
-		seqs[i] = it.seq
-	}
-	return seqs
-}
-
 // maxTurnTokens bounds the tokens one turn may add to its session's totals.
 const maxTurnTokens = 1 << 40
 
@@ -616,14 +606,14 @@ func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD"
 func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive []int64) {
 	now := s.d.now()
 	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
-	seqs := itemSeqs(r.items)
+	seqs := s.itemSeqs(r.items)
 	var interrupted []*item
 	if u := s.unusual; u != nil {
 		interrupted, u.interrupted = u.interrupted, nil
 	}
 	ids := append(messageIDs(interrupted), messageIDs(r.items)...)
 	sid := r.items[0].sessionID
-	ops := append(markCut(interrupted),
+	ops := append(s.markCut(interrupted),
 		&persistence.SetMessageStatus{SessionID: sid, Seqs: seqs, Status: status, TurnID: r.id})
 	if len(archive) > 0 {
 		ops = append(ops, &persistence.ArchiveMessages{SessionID: sid, Seqs: archive})
@@ -674,6 +664,8 @@ func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string,
 			}
 			return
 		}
+		s.forgetCopies(r.items)
+		s.forgetCopies(interrupted)
 		s.sendOutbound(c, OutboundFromEntry(&entry))
 	}})
 }

@@ -1,0 +1,117 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/persistence/storetest"
+	"github.com/agentgate/agentgate/platforms"
+)
+
+// answersStored returns the texts of the outbox's entries that answer the world's message id,
+// in order.
+func (w *managerWorld) answersStored(t *testing.T, id string) []string {
+	t.Helper()
+	out, err := w.store.OutboxAfter(w.ctx, w.key, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, e := range out {
+		if slices.Contains(e.InReplyTo, id) {
+			texts = append(texts, e.Text)
+		}
+	}
+	return texts
+}
+
+// TestMessageSpooledTwiceIsAnsweredOnce: a message whose first write went to the spool though
+// the spool reported it failed (its sender told it was not stored), sent again and spooled
+// again under a later seq while the database fails, is answered once: when the later copy runs
+// from memory, and when /stop or /new drops it without running it, the write that marks it
+// (done; failed and archived) covers the earlier copy's seq too, which the spool's replay
+// stores while it refuses the later copy as its duplicate. After a restart nothing answers it
+// again, and its row is done (it ran), or failed and archived (dropped). Before, that write
+// marked the later seq only, which the database never held: the earlier copy stayed pending,
+// and the restart ran it and answered it a second time (a message /stop had dropped, its sender
+// told so, answered after all), or, left in the session /new ended, set it aside with a second
+// notice.
+func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
+	for _, command := range []string{"", "/stop", "/new"} {
+		t.Run(fmt.Sprintf("command=%q", command), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &storetest.Outage{}
+				leaky := &leakySpool{}
+				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				a := newRequeueAgent()
+				w, _ := spoolWorldThrough(t, dir, out, a, through)
+				if command != "" {
+					if r := w.deliver(t, "m0", "hold"); r.Disposition != platforms.Started {
+						t.Fatalf("m0: %+v, want started", r)
+					}
+				} else {
+					w.deliver(t, "m0", "m0")
+					w.awaitTurnEnds(1)
+				}
+				out.Down.Store(true)
+				leaky.leak.Store(true)
+				if r := w.deliver(t, "x", "x"); r.ErrorCode != "unavailable" {
+					t.Fatalf("x, whose spool append is reported failed: %+v, want unavailable", r)
+				}
+				leaky.leak.Store(false)
+				want := platforms.Started
+				if command != "" {
+					want = platforms.Queued
+				}
+				if r := w.deliver(t, "x", "x"); r.Disposition != want || r.ErrorCode != "" {
+					t.Fatalf("x sent again: %+v, want %s", r, want)
+				}
+				if command != "" {
+					w.command(t, "c1", command)
+				} else {
+					w.awaitTurnEnds(1)
+				}
+				out.Down.Store(false)
+				time.Sleep(2 * time.Second) // the spool replayed
+				synctest.Wait()
+				if w.d.Spooling.Load() {
+					t.Fatal("the spool did not drain")
+				}
+				w.stop()
+				synctest.Wait()
+
+				a = newRequeueAgent()
+				close(a.hold)
+				w, _ = spoolWorldThrough(t, dir, out, a, through)
+				w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				if got := a.order(); slices.Contains(got, "x") {
+					t.Errorf("turns run after the restart = %v, want none of x", got)
+				}
+				answers := w.answersStored(t, "x")
+				m := w.rowOf(t, "x")
+				if command != "" {
+					if len(answers) != 1 || answers[0] == "answered x" {
+						t.Errorf("x, dropped by %s, answered %q, want by the command's notice alone", command, answers)
+					}
+					if m.Status != persistence.StatusFailed || m.Active || !m.Archived {
+						t.Errorf("x's row = %+v, want failed and archived", m)
+					}
+				} else {
+					if !slices.Equal(answers, []string{"answered x"}) {
+						t.Errorf("x answered %q, want once, by its turn", answers)
+					}
+					if m.Status != persistence.StatusDone {
+						t.Errorf("x's row = %+v, want done", m)
+					}
+				}
+			})
+		})
+	}
+}
