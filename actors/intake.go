@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
 	"github.com/agentgate/agentgate/internal/identity"
+	"github.com/agentgate/agentgate/internal/logging"
 	"github.com/agentgate/agentgate/internal/metrics"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
@@ -21,13 +24,14 @@ type Intake struct {
 	store    persistence.Store // WithdrawStored's reads
 	keys     identity.KeyOptions
 	metrics  *metrics.Metrics
+	log      *slog.Logger // a withdrawal's panic (WithdrawStored)
 	draining atomic.Bool
 }
 
-// NewIntake returns an intake that routes with router and finds in store the messages a
-// platform withdraws without their Source (WithdrawStored).
-func NewIntake(router SessionRouter, store persistence.Store, keys identity.KeyOptions, m *metrics.Metrics) *Intake {
-	return &Intake{router: router, store: store, keys: keys, metrics: m}
+// NewIntake returns an intake that routes with router, finds in store the messages a platform
+// withdraws without their Source (WithdrawStored), and logs to log.
+func NewIntake(router SessionRouter, store persistence.Store, keys identity.KeyOptions, m *metrics.Metrics, log *slog.Logger) *Intake {
+	return &Intake{router: router, store: store, keys: keys, metrics: m, log: log}
 }
 
 // Drain stops intake: every later Deliver fails with platforms.ErrDraining.
@@ -173,6 +177,11 @@ func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, threadID
 		wg.Go(func() {
 			defer func() {
 				if v := recover(); v != nil {
+					// Its stack, as the platform's recover logged it when each withdrawal ran on
+					// a goroutine of its own there: here, the platform sees the error alone.
+					// Before, the stack was lost (TestWithdrawStoredThatPanicsLogsItsStack).
+					in.log.Error(msgWithdrawPanicked, logging.KeySession, s.Key, logging.KeyMessage, id,
+						"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 					out[i].Taken, out[i].Err = false, fmt.Errorf("withdraw %s: withdraw panicked: %v", id, v)
 				}
 			}()
@@ -182,6 +191,10 @@ func (in *Intake) WithdrawStored(ctx context.Context, platform, chatID, threadID
 	wg.Wait()
 	return out
 }
+
+// msgWithdrawPanicked is WithdrawStored's line for a withdrawal that panicked; docs/RUNBOOK.md
+// explains it.
+const msgWithdrawPanicked = "the withdrawal of a deleted message panicked; it counts as not withdrawn"
 
 // withdraw asks the session of key to take back message id of src.
 func (in *Intake) withdraw(ctx context.Context, key string, src identity.Source, id string) (bool, error) {

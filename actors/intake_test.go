@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -14,6 +16,7 @@ import (
 	"github.com/agentgate/agentgate/agents/echo"
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
@@ -32,7 +35,7 @@ func TestMessageCaughtByTheStopIsDraining(t *testing.T) {
 			held.Store = s
 			return held
 		})
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"), w.d.Log)
 		errc := make(chan error, 1)
 		go func() {
 			_, err := in.Deliver(w.ctx, &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "hi", ReceivedAt: time.Now()})
@@ -67,7 +70,7 @@ func TestDeliverUnansweredInTimeIsUnavailable(t *testing.T) {
 			held.Store = s
 			return held
 		})
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"), w.d.Log)
 		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m1", Text: "one", ReceivedAt: time.Now()})
 		if !errors.Is(err, platforms.ErrUnavailable) {
 			t.Errorf("Deliver whose session does not answer in time = %v, want platforms.ErrUnavailable", err)
@@ -226,7 +229,7 @@ func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 		w.pauseByRefusedResets(t, out.Down.Store)
 		time.Sleep(64 * time.Second) // just after a restart: the next is a minute away
 		synctest.Wait()
-		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"))
+		in := NewIntake(NewLocalRouter(w.system.Root, w.manager), w.store, identity.DefaultKeyOptions, metrics.New("fake"), w.d.Log)
 		start := time.Now()
 		_, err := in.Deliver(context.Background(), &platforms.Inbound{Source: w.src, MessageID: "m2", Text: "two", ReceivedAt: time.Now()})
 		if !errors.Is(err, platforms.ErrUnavailable) {
@@ -253,5 +256,53 @@ func TestDeliverToAPausedSessionIsAnsweredAtOnce(t *testing.T) {
 		if n1, n2 := ran("m1"), ran("m2"); n1 != 1 || n2 != 1 {
 			t.Errorf("the agent ran m1 %d and m2 %d times, want once each", n1, n2)
 		}
+	})
+}
+
+// panicsOnWithdraw is a router whose withdrawals panic (a bug met on the way to the session);
+// it routes everything else.
+type panicsOnWithdraw struct{ SessionRouter }
+
+func (p panicsOnWithdraw) Request(ctx context.Context, key string, msg any) (any, error) {
+	if _, ok := msg.(*Withdraw); ok {
+		panic("injected: the withdrawal failed")
+	}
+	return p.SessionRouter.Request(ctx, key, msg)
+}
+
+// TestWithdrawStoredThatPanicsLogsItsStack: a withdrawal through the store (a purge's message
+// the platform does not remember, WithdrawStored) that panics fails with the panic's value, and
+// the intake logs the panic with its stack and the message, as the platform's recover logged it
+// when each such withdrawal ran on a goroutine of the platform's own. Before, since the purge's
+// withdrawals through the store went in one call, the stack was lost: the platform saw the
+// error alone.
+func TestWithdrawStoredThatPanicsLogsItsStack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testutil.Buffer
+		a := newRequeueAgent()
+		w := newManagerWorld(t, a, nil)
+		if r := w.deliver(t, "m0", "hold"); r.Disposition != platforms.Started {
+			t.Fatalf("m0: %+v, want started", r)
+		}
+		if r := w.deliver(t, "m1", "one"); r.Disposition != platforms.Queued {
+			t.Fatalf("m1: %+v, want queued", r)
+		}
+		in := NewIntake(panicsOnWithdraw{NewLocalRouter(w.system.Root, w.manager)}, w.store, identity.DefaultKeyOptions, metrics.New("fake"),
+			slog.New(slog.NewTextHandler(&logs, nil)))
+		out := in.WithdrawStored(w.ctx, w.src.Platform, w.src.ChatID, "", []string{"m1"})
+		if len(out) != 1 || out[0].Taken || out[0].Err == nil || !strings.Contains(out[0].Err.Error(), "withdraw panicked: injected") {
+			t.Errorf("WithdrawStored(m1) = %+v, want failed with the panic", out)
+		}
+		var line string
+		for l := range strings.Lines(logs.String()) {
+			if strings.Contains(l, msgWithdrawPanicked) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "message_id=m1") || !strings.Contains(line, "session="+w.key) ||
+			!strings.Contains(line, "injected: the withdrawal failed") || !strings.Contains(line, "panicsOnWithdraw") {
+			t.Errorf("the panic's line = %q, want at ERROR with the message, its session, the panic and its stack\n%s", line, logs.String())
+		}
+		close(a.hold)
 	})
 }

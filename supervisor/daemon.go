@@ -603,7 +603,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// The start is over: what comes now waits in the listen backlog for the HTTP platform's Run,
 	// and is never answered "starting".
 	d.http.EndStarting()
-	d.intake = actors.NewIntake(d.router, d.store, d.deps.Config.Keys, d.metrics)
+	d.intake = actors.NewIntake(d.router, d.store, d.deps.Config.Keys, d.metrics, log.With(logging.KeyComponent, "actors"))
 	for _, pid := range d.deps.Platforms {
 		d.system.Root.Send(pid, &actors.StartIntake{Deliver: d.intake.Deliver, Withdraw: d.intake.Withdraw, WithdrawStored: d.intake.WithdrawStored})
 	}
