@@ -32,16 +32,18 @@ func (w *managerWorld) answersStored(t *testing.T, id string) []string {
 // TestMessageSpooledTwiceIsAnsweredOnce: a message whose first write went to the spool though
 // the spool reported it failed (its sender told it was not stored), sent again and spooled
 // again under a later seq while the database fails, is answered once: when the later copy runs
-// from memory, and when /stop or /new drops it without running it, the write that marks it
-// (done; failed and archived) covers the earlier copy's seq too, which the spool's replay
-// stores while it refuses the later copy as its duplicate. After a restart nothing answers it
-// again, and its row is done (it ran), or failed and archived (dropped). Before, that write
+// from memory, when /stop or /new drops it without running it, and when, in interrupt mode, a
+// newer message cuts its turn short and the newer one's answer answers it, the write that marks
+// it (done; failed and archived; failed) covers the earlier copy's seq too, which the spool's
+// replay stores while it refuses the later copy as its duplicate. After a restart nothing
+// answers it again, and its row is done (it ran), failed and archived (dropped), or failed with
+// the turn cut short. Before, that write
 // marked the later seq only, which the database never held: the earlier copy stayed pending,
 // and the restart ran it and answered it a second time (a message /stop had dropped, its sender
 // told so, answered after all), or, left in the session /new ended, set it aside with a second
 // notice.
 func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
-	for _, command := range []string{"", "/stop", "/new"} {
+	for _, command := range []string{"", "/stop", "/new", "/queue interrupt"} {
 		t.Run(fmt.Sprintf("command=%q", command), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				dir := t.TempDir()
@@ -50,30 +52,42 @@ func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
 				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
 				a := newRequeueAgent()
 				w, _ := spoolWorldThrough(t, dir, out, a, through)
-				if command != "" {
+				text := "x"
+				switch command {
+				case "/stop", "/new":
 					if r := w.deliver(t, "m0", "hold"); r.Disposition != platforms.Started {
 						t.Fatalf("m0: %+v, want started", r)
 					}
-				} else {
+				case "/queue interrupt":
+					w.command(t, "c0", command)
+					text = "hold"
+					fallthrough
+				default:
 					w.deliver(t, "m0", "m0")
 					w.awaitTurnEnds(1)
 				}
 				out.Down.Store(true)
 				leaky.leak.Store(true)
-				if r := w.deliver(t, "x", "x"); r.ErrorCode != "unavailable" {
+				if r := w.deliver(t, "x", text); r.ErrorCode != "unavailable" {
 					t.Fatalf("x, whose spool append is reported failed: %+v, want unavailable", r)
 				}
 				leaky.leak.Store(false)
 				want := platforms.Started
-				if command != "" {
+				if command == "/stop" || command == "/new" {
 					want = platforms.Queued
 				}
-				if r := w.deliver(t, "x", "x"); r.Disposition != want || r.ErrorCode != "" {
+				if r := w.deliver(t, "x", text); r.Disposition != want || r.ErrorCode != "" {
 					t.Fatalf("x sent again: %+v, want %s", r, want)
 				}
-				if command != "" {
+				switch command {
+				case "/stop", "/new":
 					w.command(t, "c1", command)
-				} else {
+				case "/queue interrupt":
+					if r := w.deliver(t, "y", "y"); r.Disposition != platforms.Interrupted {
+						t.Fatalf("y: %+v, want interrupted", r)
+					}
+					w.awaitTurnEnds(1)
+				default:
 					w.awaitTurnEnds(1)
 				}
 				out.Down.Store(false)
@@ -96,14 +110,22 @@ func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
 				}
 				answers := w.answersStored(t, "x")
 				m := w.rowOf(t, "x")
-				if command != "" {
+				switch command {
+				case "/stop", "/new":
 					if len(answers) != 1 || answers[0] == "answered x" {
 						t.Errorf("x, dropped by %s, answered %q, want by the command's notice alone", command, answers)
 					}
 					if m.Status != persistence.StatusFailed || m.Active || !m.Archived {
 						t.Errorf("x's row = %+v, want failed and archived", m)
 					}
-				} else {
+				case "/queue interrupt":
+					if !slices.Equal(answers, []string{"answered y"}) {
+						t.Errorf("x, cut short by y, answered %q, want once, by y's turn", answers)
+					}
+					if m.Status != persistence.StatusFailed || !m.Active || m.TurnID == "" {
+						t.Errorf("x's row = %+v, want failed, with the turn cut short, in the conversation", m)
+					}
+				default:
 					if !slices.Equal(answers, []string{"answered x"}) {
 						t.Errorf("x answered %q, want once, by its turn", answers)
 					}
