@@ -56,6 +56,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 	if run == "" {
 		return nil, errors.New("run id required")
 	}
+	outer := ctx
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return nil, err
@@ -68,7 +69,7 @@ func (s *Store) beginRun(ctx context.Context, run string, at time.Time) (*persis
 	var u *persistence.UncleanStop
 	// A record taken but told refused would be written again, and count this run's own stop
 	// (inTxSettled).
-	err = s.inTxSettled(ctx, "begin run", func(tx pgx.Tx) error {
+	err = s.inTxSettled(ctx, outer, "begin run", func(tx pgx.Tx) error {
 		u = nil // (run again when its connection was dead: inTxSettled)
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
@@ -121,6 +122,7 @@ func (s *Store) EndRun(ctx context.Context, run string) error {
 
 // Pardon implements persistence.Store: one statement, fenced by the daemon lock as a commit is.
 func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, error) {
+	outer := ctx
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
@@ -131,7 +133,7 @@ func (s *Store) Pardon(ctx context.Context, key string) (persistence.Pardoned, e
 		return persistence.Pardoned{}, fmt.Errorf("pardon: %w", err)
 	}
 	var ids []string
-	err = s.inTxSettled(ctx, "pardon", func(tx pgx.Tx) error {
+	err = s.inTxSettled(ctx, outer, "pardon", func(tx pgx.Tx) error {
 		if fence != nil {
 			if _, err := tx.Exec(ctx, fence.sql, fence.args...); err != nil {
 				return describe(*fence, err)

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -181,7 +182,14 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 // error, as before. call names it in the logs. The store's other transactions (PullBack, a
 // prune step, a heartbeat) keep inTx: run again, each changes nothing more, and their callers
 // try again anyway (docs/ARCHITECTURE.md).
-func (s *Store) inTxSettled(ctx context.Context, call string, f func(tx pgx.Tx) error) error {
+//
+// ctx is the call's (enter), outer its caller's. A COMMIT whose answer does not come within
+// the call's bound (the server slow to make it durable, a network that holds the answer: ctx
+// ends with s.noAnswer while outer runs on) leaves the same unknown, and is settled on the
+// same record (timedOut). Before, it failed at once with ErrUnavailable, and BeginRun's
+// caller wrote its record again, counting an unclean stop of its own run when the first had
+// committed (TestUnansweredCommitOfTheStoresOwnTransactionIsSettled).
+func (s *Store) inTxSettled(ctx, outer context.Context, call string, f func(tx pgx.Tx) error) error {
 	var (
 		sent bool
 		x    xact
@@ -204,6 +212,9 @@ func (s *Store) inTxSettled(ctx context.Context, call string, f func(tx pgx.Tx) 
 	}
 	for retried := false; ; retried = true {
 		dead, err := s.attempt(ctx, retried, run)
+		if err != nil && sent && x.read && errors.Is(context.Cause(ctx), s.noAnswer) && outer.Err() == nil {
+			return s.timedOut(outer, call, x, err)
+		}
 		switch {
 		case !dead || err == nil:
 			return err
@@ -232,4 +243,27 @@ func (s *Store) inTxSettled(ctx context.Context, call string, f func(tx pgx.Tx) 
 			"call", call, "xid", x.id.String, "why", why, logging.Err(err))
 		return err
 	}
+}
+
+// timedOut settles x, a transaction of inTxSettled whose COMMIT was sent and whose call's bound
+// ran out before its answer came (err), by the server's record of it (lostFate), asked on a
+// fresh connection within a bound of its own (Options.Timeout again, within outer: the call's
+// is spent). Committed, or with no id, the call succeeds. Aborted, nothing was written, but
+// the call is not run again, its time being spent: it fails with err, and its caller's next
+// try counts nothing twice. Unknown, it fails with err, as before.
+func (s *Store) timedOut(outer context.Context, call string, x xact, err error) error {
+	ctx, cancel := context.WithTimeoutCause(outer, s.timeout, s.noAnswer)
+	defer cancel()
+	fate, why := s.lostFate(ctx, x)
+	switch fate {
+	case fateCommitted, fateEmpty:
+		s.log.Info("a transaction's COMMIT was not answered within the call's time; the server committed it, or it wrote nothing, so it succeeds",
+			"call", call, "xid", x.id.String, logging.Err(err))
+		return nil
+	case fateAborted:
+		why = "the server aborted it: nothing was written, and the call's time is spent"
+	}
+	s.log.Warn("a transaction's COMMIT was not answered within the call's time; it fails as unavailable",
+		"call", call, "xid", x.id.String, "why", why, logging.Err(err))
+	return err
 }

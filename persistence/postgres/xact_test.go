@@ -26,6 +26,8 @@ const (
 	relayPass       int32 = iota
 	relayCutAnswer        // drops the COMMIT's answer and ends the connection, both ways
 	relayHoldCommit       // drops the COMMIT and ends the client's side, keeping the server's
+	relayHoldAnswer       // passes nothing more to the client from the COMMIT's answer on
+	relayMuteCommit       // drops the COMMIT, passing on what the client sends after it
 )
 
 // commitDone is a CommandComplete message of a COMMIT: the server committed.
@@ -55,6 +57,7 @@ func newCommitRelay(t *testing.T, dsn string) *commitRelay {
 		var holding atomic.Bool // the client's side waits for atHold: the server's end passes not to it
 		pass := func(dst, src net.Conn, fromClient bool) {
 			buf := make([]byte, 32<<10)
+			swallow := false // passes nothing more on
 			for {
 				n, err := src.Read(buf)
 				// A client writes a query whole, and the server a COMMIT's answer with
@@ -76,11 +79,17 @@ func newCommitRelay(t *testing.T, dsn string) *commitRelay {
 					r.cuts.Add(1)
 					_, _ = c.Close(), up.Close()
 					return
+				case !fromClient && bytes.Contains(buf[:n], commitDone) && r.mode.CompareAndSwap(relayHoldAnswer, relayPass):
+					r.cuts.Add(1)
+					swallow = true // until the server closes its side, once the client closed its own
+				case fromClient && isCommit(buf[:n]) && r.mode.CompareAndSwap(relayMuteCommit, relayPass):
+					r.cuts.Add(1)
+					continue
 				}
 				if !fromClient && holding.Load() {
 					return
 				}
-				if n > 0 {
+				if n > 0 && !swallow {
 					if _, err := dst.Write(buf[:n]); err != nil {
 						return
 					}
@@ -112,6 +121,14 @@ func (r *commitRelay) release() {
 // the transaction's fate meanwhile.
 func (r *commitRelay) cutAnswerOf(t *testing.T, s *Store, call func()) (asked []string) {
 	t.Helper()
+	return r.armedFor(t, s, relayCutAnswer, call)
+}
+
+// armedFor runs call, a call of s through r, with r armed with mode for the next COMMIT, fails
+// the test unless the relay met one, and returns what the server answered s when asked for
+// the transaction's fate meanwhile.
+func (r *commitRelay) armedFor(t *testing.T, s *Store, mode int32, call func()) (asked []string) {
+	t.Helper()
 	var mu sync.Mutex
 	s.asked = func(status string) {
 		mu.Lock()
@@ -119,10 +136,10 @@ func (r *commitRelay) cutAnswerOf(t *testing.T, s *Store, call func()) (asked []
 		asked = append(asked, status)
 	}
 	before := r.cuts.Load()
-	r.mode.Store(relayCutAnswer)
+	r.mode.Store(mode)
 	call()
 	if n := r.cuts.Load() - before; n != 1 {
-		t.Fatalf("the relay cut %d COMMIT answers, want 1: the test does not test", n)
+		t.Fatalf("the relay met %d COMMITs, want 1: the test does not test", n)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -325,6 +342,98 @@ func TestLostCommitAnswerOfTheStoresOwnTransactionIsTaken(t *testing.T) {
 			}
 			if !slices.Equal(asked, []string{"committed"}) {
 				t.Errorf("the server was asked for the transaction's fate and answered %q, want 'committed'", asked)
+			}
+			if n := mustAttempts(t, admin, "s0", 1); n != tc.attempts {
+				t.Errorf("attempts of s0/1 = %d, want %d", n, tc.attempts)
+			}
+			var run string
+			if err := admin.QueryRow(ctx, `SELECT run FROM daemon_run`).Scan(&run); err != nil {
+				t.Fatal(err)
+			}
+			if run != tc.run {
+				t.Errorf("the run recorded = %q, want %q", run, tc.run)
+			}
+		})
+	}
+}
+
+// TestUnansweredCommitOfTheStoresOwnTransactionIsSettled: BeginRun and a pardon whose
+// COMMIT's answer does not come within the store's Timeout (a relay holds it, the server
+// having committed) are settled as those whose connection broke there are: the server's
+// record of the transaction, asked on a fresh connection, says it committed, and the call
+// succeeds, BeginRun with the unclean stop it counted, once. One whose COMMIT never reached
+// the server (the relay drops it; the server aborts the transaction once pgx closes the
+// connection at the timeout) fails with ErrUnavailable and wrote nothing: a BeginRun run
+// again names the run before it as the last. Before, a COMMIT unanswered in time failed at
+// once with ErrUnavailable: the daemon wrote its run's record again, and the next start
+// counted an unclean stop of a run that had stopped cleanly, or this one of its own.
+func TestUnansweredCommitOfTheStoresOwnTransactionIsSettled(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := newCommitRelay(t, dsn)
+	ctx := context.Background()
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin := mustConn(t, dsn)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k0", SessionID: "s0", Generation: 1, UpdatedAt: t0}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1, MessageID: "m1", Active: true,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	if _, err := s.BeginRun(ctx, "r1", t0); err != nil { // a run that dies: the next start counts it
+		t.Fatal(err)
+	}
+	beginRun := func(run string) func() (any, error) {
+		return func() (any, error) {
+			u, err := s.BeginRun(ctx, run, t0.Add(time.Minute))
+			if u == nil {
+				return nil, err
+			}
+			return *u, err
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		mode     int32
+		call     func() (any, error)
+		want     any
+		wantErr  error  // errors.Is of the call's error; nil for nil
+		asked    string // the server's last answer when asked for the transaction's fate
+		attempts int    // of s0/1 after the call
+		run      string // the run recorded after the call
+	}{
+		{"begin run committed", relayHoldAnswer, beginRun("r2"), persistence.UncleanStop{Run: "r1", StartedAt: t0,
+			Counted: []persistence.CountedMessage{{Key: "k0", SessionID: "s0", MessageID: "m1", Attempts: 1}}},
+			nil, "committed", 1, "r2"},
+		{"begin run aborted", relayMuteCommit, beginRun("r3"), nil, persistence.ErrUnavailable, "aborted", 1, "r2"},
+		{"begin run again", relayPass, beginRun("r3"), persistence.UncleanStop{Run: "r2", StartedAt: t0.Add(time.Minute)},
+			nil, "", 1, "r3"},
+		{"pardon committed", relayHoldAnswer, func() (any, error) { return s.Pardon(ctx, "") },
+			persistence.Pardoned{Messages: 1, Sessions: 1}, nil, "committed", 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got any
+			var err error
+			call := func() { got, err = tc.call() }
+			var asked []string
+			if tc.mode == relayPass {
+				call()
+			} else {
+				asked = r.armedFor(t, s, tc.mode, call)
+			}
+			if (tc.wantErr == nil && err != nil) || !errors.Is(err, tc.wantErr) {
+				t.Errorf("%s = %v, want %v", tc.name, err, tc.wantErr)
+			} else if diff := cmp.Diff(tc.want, got); err == nil && diff != "" {
+				t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+			}
+			if last := ""; tc.asked != "" {
+				if len(asked) > 0 {
+					last = asked[len(asked)-1]
+				}
+				if last != tc.asked {
+					t.Errorf("the server was asked for the transaction's fate and answered %q, want %q last", asked, tc.asked)
+				}
 			}
 			if n := mustAttempts(t, admin, "s0", 1); n != tc.attempts {
 				t.Errorf("attempts of s0/1 = %d, want %d", n, tc.attempts)
