@@ -19,7 +19,9 @@ import (
 // line says what the opening wrote: the schema's migrations when it applied any (a new
 // database's, or an older binary's database's, whether the stop came during the migration,
 // which finishes first, or once the store had opened), and that there was nothing to migrate
-// otherwise; no run is recorded either way. Before, a stop that came just after a migration's
+// otherwise; no run is recorded either way. An opening that fails for real as the stop comes
+// (a migration that fails) fails the start with its failure (exit 1), not as a stop: before,
+// the stop's ErrStopped hid it, and the daemon exited 0. Before, a stop that came just after a migration's
 // commit could say "stopped without writing anything", and one with nothing to migrate said
 // "the opening, its migrations included, finished first".
 func TestStopDuringTheStartsOpenSaysWhatItWrote(t *testing.T) {
@@ -33,22 +35,34 @@ func TestStopDuringTheStartsOpenSaysWhatItWrote(t *testing.T) {
 		name   string
 		before func(t *testing.T, path string) // the database the start finds
 		at     string                          // the store's line the stop comes at
-		want   string
+		want   string                          // the stop's line; or, with fails, what Start's error says
+		fails  bool                            // the opening fails for real as the stop comes
 	}{
-		{"a new database, stopped once it opened", func(*testing.T, string) {}, "store opened: a new, empty database", migratedLine},
+		{"a new database, stopped once it opened", func(*testing.T, string) {}, "store opened: a new, empty database", migratedLine, false},
 		{"an older binary's database, stopped during its migration", func(t *testing.T, path string) {
 			testutil.SQLiteSchemaOneMigrationShort(t, path, "../persistence/sqlite/migrations")
-		}, "schema migrated", migratedLine},
+		}, "schema migrated", migratedLine, false},
 		{"an older binary's database, stopped once it opened", func(t *testing.T, path string) {
 			testutil.SQLiteSchemaOneMigrationShort(t, path, "../persistence/sqlite/migrations")
-		}, "store opened", migratedLine},
+		}, "store opened", migratedLine, false},
 		{"a database at this schema, stopped once it opened", func(t *testing.T, path string) {
 			s, err := sqlite.Open(t.Context(), path, sqlite.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			s.Close()
-		}, "store opened", nothingLine},
+		}, "store opened", nothingLine, false},
+		{"an older binary's database whose migration fails, stopped during it", func(t *testing.T, path string) {
+			testutil.SQLiteSchemaOneMigrationShort(t, path, "../persistence/sqlite/migrations")
+			db, err := sql.Open("sqlite", "file:"+path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if _, err := db.Exec(`ALTER TABLE sessions ADD COLUMN reset_due_at INTEGER`); err != nil { // what the last migration adds
+				t.Fatal(err)
+			}
+		}, "migrating the schema", "duplicate column name", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()
@@ -59,6 +73,16 @@ func TestStopDuringTheStartsOpenSaysWhatItWrote(t *testing.T) {
 			d, err := Start(t.Context(), cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{Agent: echo.New(), Stop: stop})
 			if err == nil {
 				_ = d.Stop(context.Background())
+			}
+			if tc.fails {
+				// The failure wins over the stop: the start fails (exit 1) with it.
+				if err == nil || errors.Is(err, ErrStopped) || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Start = %v after a stop as the store logged %q and its opening failed, want the failure (%q)", err, tc.at, tc.want)
+				}
+				if got := logs.String(); strings.Contains(got, "asked to stop") {
+					t.Errorf("the start's log says it stopped, though its opening failed:\n%s", got)
+				}
+				return
 			}
 			if !errors.Is(err, ErrStopped) {
 				t.Fatalf("Start = %v after a stop as the store logged %q, want ErrStopped:\n%s", err, tc.at, logs.String())

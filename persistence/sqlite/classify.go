@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -26,6 +27,17 @@ var ErrBadQuery = errors.New("not a full-text query")
 func isQueryError(err error) bool {
 	var se *sqlite.Error
 	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR
+}
+
+// endedByCtx reports whether err is what a step of Open gives when its ctx ends: ctx's error
+// (database/sql's, or the busy handler's, which gives up with it), or SQLite's
+// SQLITE_INTERRUPT, which modernc.org/sqlite makes a statement end with once its ctx is done.
+func endedByCtx(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_INTERRUPT
 }
 
 // isBusy reports whether err is SQLite's SQLITE_BUSY (or SQLITE_LOCKED): another connection

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -307,6 +308,45 @@ func TestOpenEndedAfterItsMigrationSaysWhetherItMigrated(t *testing.T) {
 			}
 			if current, _, err := schemaVersions(t.Context(), s.writer); err != nil || current != latest {
 				t.Errorf("schema version after the cut Open = %d, %v; want %d", current, err, latest)
+			}
+		})
+	}
+	// A real failure that the stop meets is Open's error, not the stop's: a migration that
+	// fails (a column it adds is there already), the stop coming as it returns; and the
+	// readers that cannot open the database (its file deleted once the migration committed),
+	// the stop coming as the open returns their error.
+	for _, tc := range []struct {
+		name, step, cut string // the step that breaks the database (none: before Open), the one the stop comes at
+		want            string
+	}{
+		{"a real failure of the migration", "", "migrated", "duplicate column name"},
+		{"a real failure after the migration", "prepare", "failed", "unable to open"},
+	} {
+		t.Run(tc.name+" that a stop meets wins", func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agentgate.db")
+			raw := mustSchemaAt(t, path, latest-1)
+			if tc.step == "" {
+				mustExec(t, raw, `ALTER TABLE sessions ADD COLUMN reset_due_at INTEGER`) // what 0019 adds
+			}
+			raw.Close()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			s, err := Open(ctx, path, Options{openStep: func(step string) {
+				switch step {
+				case tc.step:
+					if err := os.Remove(path); err != nil {
+						t.Error(err)
+					}
+				case tc.cut:
+					cancel()
+				}
+			}})
+			if err == nil {
+				s.Close()
+				t.Fatal("Open that failed returned a store")
+			}
+			if errors.Is(err, context.Canceled) || errors.Is(err, ErrMigratedThenEnded) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Open that failed as a stop came = %v, want its failure (%q), neither context.Canceled nor ErrMigratedThenEnded", err, tc.want)
 			}
 		})
 	}

@@ -145,7 +145,9 @@ const defaultReaders = 4
 // it: it runs to its end, and Open then returns ErrMigratedThenEnded (and ctx's error) without
 // going further, as it does for an end of ctx after the migration and before the catch-up;
 // when there was nothing to migrate, Open returns ctx's error alone: it wrote nothing
-// (TestOpenEndedAfterItsMigrationSaysWhetherItMigrated).
+// (TestOpenEndedAfterItsMigrationSaysWhetherItMigrated). A step that fails for real as ctx
+// ends (not with ctx's error or an interrupt: endedByCtx) returns its failure, as without
+// the stop (openEnded).
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	syncMode, err := synchronousPragma(opts.Synchronous)
 	if err != nil {
@@ -196,14 +198,19 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		onCorrupt: opts.Corrupt, mustWrite: opts.MustWrite}
 	if err := s.open(ctx, syncMode, opts); err != nil {
 		s.closeAll()
-		if ctx.Err() != nil { // a stop: what it found done is the error, not the step it cut
+		opts.step("failed")
+		if ctx.Err() != nil && endedByCtx(err) { // a stop: what it found done is the error, not the step it cut
 			return nil, fmt.Errorf("open %s: %w", abs, openEnded(ctx, s.migrated, err))
 		}
 		again := "start again"
 		if opts.MustWrite {
 			again = "run the command again"
 		}
-		return nil, fmt.Errorf("open %s: %w", abs, explainFull(explainCorrupt(explainAccess(err, abs, true)), abs, again))
+		err = explainFull(explainCorrupt(explainAccess(err, abs, true)), abs, again)
+		if s.migrated > 0 { // (a stop's error would have said so: openEnded)
+			err = fmt.Errorf("%w (after it applied %d migrations to the schema)", err, s.migrated)
+		}
+		return nil, fmt.Errorf("open %s: %w", abs, err)
 	}
 	if s.file, err = os.Stat(abs); err != nil { // the file the writer opened (checkFile)
 		s.closeAll()
@@ -321,6 +328,13 @@ func (o *Options) step(name string) {
 // readers' connection) returned ctx's error alone, and the daemon said it had written nothing;
 // and one ended during a migration's transaction that had nothing to migrate returned
 // ErrMigratedThenEnded, and the daemon said the migrations had finished first.
+//
+// Only an error that ctx's end caused is a stop's (endedByCtx): a real failure that a stop
+// meets (a migration that fails as the stop comes, the readers' files gone as the open ends)
+// is Open's error as without the stop, and the daemon fails with it (exit 1). Before, it was
+// dropped for the stop's (ErrMigratedThenEnded, or ctx's error with it in its text), and the
+// daemon exited 0 saying it had stopped
+// (TestOpenEndedAfterItsMigrationSaysWhetherItMigrated/a_real_failure*).
 func openEnded(ctx context.Context, migrated int, err error) error {
 	if migrated > 0 {
 		return fmt.Errorf("%w: %w", ErrMigratedThenEnded, ctx.Err())
