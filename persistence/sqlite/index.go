@@ -272,3 +272,21 @@ func lowerWatermark(ctx context.Context, tx *sql.Tx) error {
 		WHERE id = 1 AND last_id > (SELECT COALESCE(MAX(id), 0) FROM messages)`)
 	return err
 }
+
+// Unindexed returns how many message rows wait above the search index's watermark: rows
+// Search does not find yet. A daemon's store indexes them within IndexDelay; a read-only store
+// (OpenReadOnly: `agentgate sessions search`) indexes none, and rows that a crash, or a stop
+// that cut Open's catch-up, left waiting wait until the next writable Open. The search
+// command says how many it did not look at (TestSearchSaysHowFarTheIndexIsBehind).
+func (s *Store) Unindexed(ctx context.Context) (int64, error) {
+	if err := s.enter(); err != nil {
+		return 0, s.readError("count the messages not indexed: %w", err)
+	}
+	defer s.leave()
+	var n int64
+	if err := s.reader.QueryRowContext(ctx, `SELECT COUNT(*) FROM messages
+		WHERE id > (SELECT last_id FROM fts_watermark WHERE id = 1)`).Scan(&n); err != nil {
+		return 0, s.readError("count the messages not indexed: %w", err)
+	}
+	return n, nil
+}
