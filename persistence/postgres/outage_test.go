@@ -363,3 +363,62 @@ func pingUntilRetaken(t *testing.T, s *Store) {
 		time.Sleep(50 * time.Millisecond) // a real server: poll under a deadline
 	}
 }
+
+// TestSingleStatementsRunAgainAfterALostAnswer: the store's single statements that are not
+// settled by the server's record when their answer is lost (docs/ARCHITECTURE.md) are
+// harmless when their caller runs them again, as it does after a failure: a claim run again
+// by the member whose claim committed counts the previous owner's death once (its
+// previous owner is then itself, alive) and raises the key's epoch once more, which fences
+// nothing of the caller's; an EndRun run again (the next start's, from the data directory's
+// clean-stop file) changes nothing more, and one that comes after another run began leaves
+// that run's record alone.
+func TestSingleStatementsRunAgainAfterALostAnswer(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	mustPendingSessions(t, s, "a")
+	p := Member{ID: "p", Host: "10.0.0.1", Port: 6340, Node: "h1/r_p"}
+	q := Member{ID: "q", Host: "10.0.0.2", Port: 6340, Node: "h2/r_q"}
+	for _, m := range []Member{p, q} {
+		if _, err := s.Heartbeat(ctx, "c1", m, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustClaim(t, s, "ka", q.Node)
+	mustExpire(t, conn, q.ID)
+	first := mustClaim(t, s, "ka", p.Node) // its answer lost: p claims again
+	if first.Counted == nil || first.Counted.Attempts != 1 {
+		t.Fatalf("the claim after q's death counted %s, want a-m1 at 1", counted(first))
+	}
+	again := mustClaim(t, s, "ka", p.Node)
+	if again.Counted != nil || again.Previous != p.Node || again.Epoch != first.Epoch+1 {
+		t.Errorf("the claim run again = epoch %d, previous %q, %s; want epoch %d, previous %q, nothing counted",
+			again.Epoch, again.Previous, counted(again), first.Epoch+1, p.Node)
+	}
+	if n := mustAttempts(t, conn, "a", 1); n != 1 {
+		t.Errorf("attempts of a/1 after the claim run again = %d, want 1 (q's death counted once)", n)
+	}
+
+	run := func() string {
+		t.Helper()
+		var r string
+		if err := conn.QueryRow(ctx, `SELECT run FROM daemon_run`).Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if _, err := s.BeginRun(ctx, "r1", t0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := s.EndRun(ctx, "r1"); err != nil || run() != "" {
+			t.Errorf("EndRun(r1), time %d = %v, the run recorded %q; want nil and none", i+1, err, run())
+		}
+	}
+	if _, err := s.BeginRun(ctx, "r2", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EndRun(ctx, "r1"); err != nil || run() != "r2" {
+		t.Errorf("EndRun(r1) run again once r2 began = %v, the run recorded %q; want nil and r2", err, run())
+	}
+}
