@@ -419,8 +419,8 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	// migration's commit could say "stopped without writing anything", and one with nothing to
 	// migrate "the opening, its migrations included, finished first"
 	// (TestStopDuringTheStartsOpenSaysWhatItWrote). An opening that failed for real as the stop
-	// came returns its failure, which wraps no context.Canceled (sqlite's endedByCtx), and the
-	// start fails with it (exit 1), as without the stop.
+	// came returns its failure, which wraps no context.Canceled (either store's endedByCtx),
+	// and the start fails with it (exit 1), as without the stop.
 	migrated := applied > 0 || errors.Is(err, postgres.ErrMigratedThenEnded) || errors.Is(err, sqlite.ErrMigratedThenEnded)
 	stopped := isClosed(opts.Stop) && (err == nil || errors.Is(err, context.Canceled))
 	if err != nil && !stopped {

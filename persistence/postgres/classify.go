@@ -53,6 +53,22 @@ func IsUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || isClosedConn(err)
 }
 
+// endedByCtx reports whether err is what a step of Open gives when its ctx ends: ctx's error,
+// which pgx wraps for a statement that ctx cut (its context watcher ends the connection's
+// read or write with a deadline, and pgconn gives context.Canceled, or a timeout wrapping
+// DeadlineExceeded) or that began with ctx done, as pgxpool does for an acquire. Not
+// query_canceled (57014): pgx sends the server no cancel request when ctx ends (this store
+// keeps its default handler, DeadlineContextWatcherHandler), so a 57014 is a statement_timeout
+// or an admin's pg_cancel_backend, a failure of its own.
+//
+// Only such an error is a stop's after Open migrated: a real failure that a stop meets (the
+// lock's connection lost as the epoch's raise waits) is Open's error as without the stop, and
+// the daemon fails with it (exit 1). Before, it was dropped for ErrMigratedThenEnded, and the
+// daemon exited 0 saying it had stopped (TestOpenFailedForRealAsAStopCameIsNoStop).
+func endedByCtx(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // isClosedConn reports the errors pgx gives for a connection that is closed or broke.
 func isClosedConn(err error) bool {
 	msg := err.Error()

@@ -3,7 +3,9 @@ package postgres
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentgate/agentgate/internal/testutil/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -64,4 +66,87 @@ func TestOpenEndedDuringAMigrationWithNothingToMigrate(t *testing.T) {
 		t.Errorf("Migrated() of an Open with nothing to migrate = %d, want 0", got)
 	}
 	_ = s.Close()
+}
+
+// TestOpenFailedForRealAsAStopCameIsNoStop: an exclusive Open of an older binary's database
+// (one migration short) migrates it, then raises the daemon lock's epoch, whose UPDATE waits
+// here for an admin transaction that holds daemon_epoch's row. A stop as it waits cuts the
+// raise: Open returns ErrMigratedThenEnded and ctx's error (pgx's error for the cut statement
+// is ctx's: endedByCtx), and the daemon exits 0 as a stop. A real failure that a stop meets
+// (the lock's connection lost as the raise waits, its backend terminated, and the stop coming
+// as Open fails) is Open's error as without the stop, saying how many migrations it applied
+// first, and the daemon's start fails with it (exit 1). Before, it was dropped for
+// ErrMigratedThenEnded, and the daemon exited 0 saying it had stopped. Either way the
+// migration was committed.
+func TestOpenFailedForRealAsAStopCameIsNoStop(t *testing.T) {
+	const raise = `UPDATE daemon_epoch SET epoch = epoch + 1, exclusive = true%`
+	for _, tc := range []struct {
+		name string
+		lost bool // the lock's connection is lost as the raise waits, the stop coming as Open fails
+	}{
+		{"a stop as the epoch's raise waits", false},
+		{"the lock's connection lost as the raise waits, a stop coming as Open fails", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			dsn := pgtest.NewDatabase(t)
+			admin, watch := mustConn(t, dsn), mustConn(t, dsn)
+			latest := pgtest.SchemaOneMigrationShort(t, ctx, admin, "migrations")
+			tx, err := admin.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			if _, err := tx.Exec(ctx, `SELECT epoch FROM daemon_epoch FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			openCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			opts := Options{Exclusive: true}
+			if tc.lost {
+				opts.openStep = func(step string) {
+					if step == "failed" {
+						cancel()
+					}
+				}
+			}
+			opened := openAside(openCtx, dsn, opts)
+			awaitWaiter(t, watch, "the epoch's raise", "daemon_epoch's row", `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE $1`, raise)
+			if tc.lost {
+				var n int
+				if err := watch.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND query LIKE $1`, raise).Scan(&n); err != nil || n != 1 {
+					t.Fatalf("terminate the lock's backend: %d, %v", n, err)
+				}
+			} else {
+				cancel()
+			}
+			var got error
+			select {
+			case got = <-opened:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Open did not return")
+			}
+			if openCtx.Err() == nil {
+				t.Fatalf("Open = %v before the stop came: the test does not test", got)
+			}
+			if !tc.lost {
+				if !errors.Is(got, ErrMigratedThenEnded) || !errors.Is(got, context.Canceled) {
+					t.Errorf("Open = %v after a stop cut the epoch's raise, want ErrMigratedThenEnded and context.Canceled", got)
+				}
+			} else if errors.Is(got, context.Canceled) || errors.Is(got, ErrMigratedThenEnded) ||
+				!strings.Contains(got.Error(), "raise the daemon lock's epoch") ||
+				!strings.Contains(got.Error(), "after it applied 1 migrations") {
+				t.Errorf("Open = %v after the lock's connection was lost as a stop came, want the raise's failure, after 1 migration, neither context.Canceled nor ErrMigratedThenEnded", got)
+			}
+			var version int
+			if err := watch.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&version); err != nil {
+				t.Fatal(err)
+			}
+			if version != latest {
+				t.Errorf("schema version %d after the Open, want %d (the migration committed)", version, latest)
+			}
+		})
+	}
 }

@@ -65,6 +65,17 @@ type Options struct {
 	// them again at once. It is called with the lock's check held (on the lock watcher's
 	// goroutine, or on one a Ping started), so it must not block.
 	LockTaken func()
+
+	// openStep, set only by tests, is called as Open reaches each of its steps that a test
+	// makes a stop come at: "failed", as a step has failed and before Open looks at its ctx.
+	openStep func(step string)
+}
+
+// step calls the test's openStep, if any.
+func (o *Options) step(name string) {
+	if o.openStep != nil {
+		o.openStep(name)
+	}
 }
 
 // Store is the PostgreSQL persistence.Store. It is safe for concurrent use; Commit calls of one
@@ -178,7 +189,10 @@ const defaultMaxConns = 8
 // as it does for a stop after the migration; one that had nothing to migrate returns ctx's error
 // alone: it wrote nothing.
 // An error that ctx's end caused wraps context.Canceled (or DeadlineExceeded): `agentgate
-// serve` takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock).
+// serve` takes it for its stop signal's (TestSIGTERMWhileTheStartWaitsForPostgresLock). A
+// step after the migration that fails for real as ctx ends (not with ctx's error: endedByCtx)
+// returns its failure, as without the stop, saying how many migrations Open applied first
+// (TestOpenFailedForRealAsAStopCameIsNoStop).
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -215,8 +229,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	migrated := 0 // the migrations applied, after which a stop is ErrMigratedThenEnded
 	fail := func(err error) (*Store, error) {
 		closeFailedOpen(ctx, st, pool)
-		if migrated > 0 && ctx.Err() != nil { // a stop after the migration (raiseEpoch, endIdleLock)
-			err = fmt.Errorf("%w: %w (%v)", ErrMigratedThenEnded, ctx.Err(), err)
+		opts.step("failed")
+		if migrated > 0 { // a failure after the migration (raiseEpoch, endIdleLock)
+			if ctx.Err() != nil && endedByCtx(err) { // a stop: what it found done is the error
+				err = fmt.Errorf("%w: %w (%v)", ErrMigratedThenEnded, ctx.Err(), err)
+			} else { // a real failure, a stop or not: the start fails with it (endedByCtx)
+				err = fmt.Errorf("%w (after it applied %d migrations to the schema)", err, migrated)
+			}
 		}
 		return nil, fmt.Errorf("open postgres %s: %w", where(cfg), err)
 	}
