@@ -115,7 +115,14 @@ func tokenChar(c rune) bool {
 // and again after, with redact's other rules, which read the text as its reader does (a code
 // between "Bearer" and its token hid the token from them). Before, the codes stayed, and a
 // failed command's error read "␛[31mERROR␛[0m: …" on a coloured log line ("\x1b[31m" on
-// another).
+// another). The keys redact knows by their prefix that the text held before the codes were
+// taken out (redact.Keys) are replaced last: a code taken out from between a word and a key
+// ("link␛]8;;…␛\sk-…", "x␛[2~ghp_…") joined them, and the rules, which want a key's prefix
+// to start a word, left the key whole; the rules go first, so that a key a code cut in two
+// ("sk-abcdefgh␛[0mijkl") is replaced whole, not its end left after its start
+// (TestStderrKeyAfterAnEscapeSequenceIsRedacted).
 func (r *redactor) redact(s string) string {
-	return redact.String(ansi.Strip(redact.Values(s, r.values...)), r.values...)
+	s = redact.Values(s, r.values...)
+	keys := redact.Keys(s)
+	return redact.Values(redact.String(ansi.Strip(s), r.values...), keys...)
 }

@@ -137,3 +137,24 @@ exit 3`
 		}
 	}
 }
+
+// TestStderrKeyAfterAnEscapeSequenceIsRedacted: a key redact knows by its prefix (sk-, ghp_)
+// that a command wrote right after an escape sequence whose last character is no letter (a
+// hyperlink's "␛]8;;…␛\", a "␛[2~") and a word before it is redacted, as it was before the
+// codes were taken out; a key a code cuts in two ("sk-…␛[0m…") is redacted whole. Before,
+// taking the sequence out joined the key to the word ("linksk-…"), and the rules, which want
+// a key's prefix to start a word, showed it whole.
+func TestStderrKeyAfterAnEscapeSequenceIsRedacted(t *testing.T) {
+	script := `printf 'see link\033]8;;https://x.example\033\\sk-proj0123456789abcdef\033]8;;\033\\ now\n' >&2
+printf 'x\033[31m\033[2~ghp_abcdefghijklmnopqrstuvwxyz0123\n' >&2
+printf 'cut sk-abcdefgh\033[0mijklmnopqrst end\n' >&2
+exit 3`
+	cmd, _ := MustScript(t, script)
+	a := MustNew(t, exec.Config{Command: cmd})
+	_, err := a.Run(t.Context(), request(turn(1), "hi"))
+	ee, ok := errors.AsType[*exec.ExitError](err)
+	const want = "see link[redacted] now\nx[redacted]\ncut [redacted] end\n"
+	if !ok || ee.Stderr != want {
+		t.Fatalf("Run() error = %v, want an ExitError whose stderr is %q", err, want)
+	}
+}

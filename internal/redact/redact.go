@@ -147,6 +147,22 @@ func Values(s string, values ...string) string {
 	return s
 }
 
+// Keys returns the API keys of s that keyLike knows by their prefix (sk-…, ghp_…; not a
+// token after Bearer, which may be short): for a caller that changes the text before String's
+// rules read it, to replace them after (Values) where the change joined one to the word before
+// it, a word boundary no more (the exec agent takes the escape sequences out of a command's
+// output: "link␛]8;;…␛\sk-…" became "linksk-…", which no rule knew;
+// TestStderrKeyAfterAnEscapeSequenceIsRedacted).
+func Keys(s string) []string {
+	var keys []string
+	for _, m := range keyLike.FindAllStringSubmatchIndex(s, -1) {
+		if m[2] < 0 { // not a Bearer's token
+			keys = append(keys, s[m[0]:m[1]])
+		}
+	}
+	return keys
+}
+
 // replaceSubmatch returns s with each match of re replaced by what f makes of its submatches
 // (m[0] the match, "" for a group that did not take part).
 func replaceSubmatch(re *regexp.Regexp, s string, f func(m []string) string) string {
