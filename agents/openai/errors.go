@@ -530,9 +530,14 @@ func wordEnd(b byte) bool {
 // most maxErrorMessage runes. Before it read a bounded start, an error event of a stream's 32
 // MiB took over a minute of a CPU to redact, retried as often as the endpoint sent it, and a
 // caller that cut the text first (a stream's chunk that is no JSON, at 512 bytes) could cut a
-// key in two and show its first characters.
+// key in two and show its first characters. The keys redact knows by their prefix in the text
+// before its codes are taken out (redact.Keys) are replaced after the rules: a sequence taken
+// out from between a word and a key ("link␛]8;;…␛\sk-…") joined them, and the rules, which
+// want a key's prefix to start a word, showed it (TestColourCodesAreTakenOut, "a key after a
+// hyperlink").
 func sanitize[T string | []byte](text T, key string) string {
-	s := redact.String(ansi.Strip(string(head(text, maxSanitized))), key)
+	h := string(head(text, maxSanitized))
+	s := redact.Values(redact.String(ansi.Strip(h), key), redact.Keys(h)...)
 	s = opaqueToken.ReplaceAllString(s, redact.Placeholder)
 	var b strings.Builder
 	space := false

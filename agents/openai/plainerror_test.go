@@ -155,6 +155,11 @@ func TestColourCodesAreTakenOut(t *testing.T) {
 			"rate window [1m, 5m] exceeded: retry in [5m0s]"},
 		{"text that reads as codes beside codes", openaitest.Status(503, `{"error":{"message":"[33mWARN[0m rate window [1m, 5m] exceeded: retry in [5m0s]"}}`),
 			"WARN rate window [1m, 5m] exceeded: retry in [5m0s]"},
+		{"a key after a hyperlink", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, "bad key, see link\x1b]8;;https://docs.example.com/keys\x1b\\sk-proj0123456789abcdef\x1b]8;;\x1b\\ refused\n")
+		}, "bad key, see link[redacted] refused"},
 		{"text that reads as a code beside a literal reset", openaitest.Status(400, `{"error":{"message":"retry in [5m0s]; the terminal was reset with [0m"}}`),
 			"retry in [5m0s]; the terminal was reset with [0m"},
 	} {
