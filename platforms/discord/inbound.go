@@ -389,7 +389,11 @@ func (p *Platform) logNotTaken(m *discordgo.Message, err error) {
 
 // notTakenCause is the key of a refusal's line (logNotTaken): the kind of refusal, and for an
 // older member the member, so that each member to upgrade is named at once, and a refusal of
-// another kind during the upgrade (the database unavailable) is not held back behind it.
+// another kind during the upgrade (the database unavailable) is not held back behind it. An
+// error of no kind the runtime names (no member took the session, an answer it did not
+// expect: a bug) is one of its own, "other", not held back behind the database's refusals
+// during an outage, its err shown only if it came last; before, both were "not stored"
+// (TestRefusalsOfAnOlderMemberAreLoggedOnceAMinute).
 func notTakenCause(err error) string {
 	if o, ok := errors.AsType[*platforms.OutdatedMemberError](err); ok {
 		return "outdated member " + o.Address
@@ -399,8 +403,10 @@ func notTakenCause(err error) string {
 		return "queue full"
 	case errors.Is(err, platforms.ErrDraining):
 		return "draining"
-	default:
+	case errors.Is(err, platforms.ErrUnavailable):
 		return "not stored"
+	default:
+		return "other"
 	}
 }
 

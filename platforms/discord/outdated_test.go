@@ -68,7 +68,9 @@ func notTakenLines(log string) []string {
 // logged at once, then those within a minute are held back (at Debug) and counted in one line
 // when the minute has passed (repeats=4, with the last one's message_id); another older
 // member, and a refusal of another kind (the database unavailable), get a line of their own at
-// once. Before, each refused message logged its own WRN line.
+// once, and so does an error of no kind the runtime names (an answer it did not expect) after
+// the database's; before, it was held back behind it. Before, each refused message logged its
+// own WRN line.
 func TestRefusalsOfAnOlderMemberAreLoggedOnceAMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var log testutil.Buffer
@@ -86,11 +88,12 @@ func TestRefusalsOfAnOlderMemberAreLoggedOnceAMinute(t *testing.T) {
 		}
 		p.logNotTaken(msg("600"), older("10.0.0.8:6340"))
 		p.logNotTaken(msg("700"), fmt.Errorf("deliver: %w", platforms.ErrUnavailable))
+		p.logNotTaken(msg("800"), fmt.Errorf("deliver to agent:main:discord:dm:1: unexpected answer %T", &discordgo.Message{}))
 		lines := notTakenLines(log.String())
-		if len(lines) != 3 {
-			t.Fatalf("lines within the minute = %q, want 3: the first of 10.0.0.7's, 10.0.0.8's and the database's", lines)
+		if len(lines) != 4 {
+			t.Fatalf("lines within the minute = %q, want 4: the first of 10.0.0.7's, 10.0.0.8's, the database's and an unexpected error's", lines)
 		}
-		for i, want := range []string{"message_id=500 ", "message_id=600 ", "message_id=700 "} {
+		for i, want := range []string{"message_id=500 ", "message_id=600 ", "message_id=700 ", "message_id=800 "} {
 			if !strings.Contains(lines[i], want) || strings.Contains(lines[i], "repeats") {
 				t.Errorf("line %d = %q, want %q in it, and no repeats", i, lines[i], want)
 			}
@@ -101,12 +104,12 @@ func TestRefusalsOfAnOlderMemberAreLoggedOnceAMinute(t *testing.T) {
 		time.Sleep(logging.LimitEvery)
 		synctest.Wait()
 		lines = notTakenLines(log.String())
-		if len(lines) != 4 {
-			t.Fatalf("lines once the minute has passed = %q, want 4", lines)
+		if len(lines) != 5 {
+			t.Fatalf("lines once the minute has passed = %q, want 5", lines)
 		}
 		for _, want := range []string{"level=WARN", "message_id=504 ", "10.0.0.7:6340", "repeats=4 "} {
-			if !strings.Contains(lines[3], want) {
-				t.Errorf("the minute's report = %q, want %q in it", lines[3], want)
+			if !strings.Contains(lines[4], want) {
+				t.Errorf("the minute's report = %q, want %q in it", lines[4], want)
 			}
 		}
 		p.notTakenLines.Flush()
