@@ -111,12 +111,25 @@ type Placement interface {
 	Peers() []*actor.PID
 	// Self is this member's SessionManager as the other members reach it.
 	Self() *actor.PID
-	// Holders are, by key, the SessionManagers of the live members that hold the latest claims
-	// of keys in the store (Store.Claim), which this member's view may not list yet (one joined
-	// since this member's last renewal); a key that was never claimed, or whose member is gone,
-	// has none. It reads the store: the manager calls it off the actor, once for all the lookups
-	// its activations queued meanwhile (holderOf).
-	Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error)
+	// Holders are, by key, the latest claims of keys in the store (Store.Claim): each with the
+	// SessionManager of the live member that made it, which this member's view may not list
+	// yet (one joined since this member's last renewal), and the claim itself (Holder.Seen),
+	// the condition of this member's claim of the key. A key missing from the map has no
+	// holder, and its activation claims it on no condition. It reads the store: the manager
+	// calls it off the actor, once for all the lookups its activations queued meanwhile
+	// (holderOf).
+	Holders(ctx context.Context, keys []string) (map[string]Holder, error)
+}
+
+// Holder is a key's latest claim in the store as a lookup of it found it (Placement.Holders).
+type Holder struct {
+	// Manager is the SessionManager of the live member that made the claim; nil when there is
+	// none (the key was never claimed, its member is gone, or the claim was no member's).
+	Manager *actor.PID
+	// Seen is the claim's epoch and owner (the zero ClaimSeen for a key never claimed): the
+	// activation that looked it up claims the key only while it is still the key's latest
+	// claim (Store.Claim's seen). nil when the lookup did not read it: no condition.
+	Seen *persistence.ClaimSeen
 }
 
 // Deps are the shared, immutable dependencies of the session runtime. One value is built by the
@@ -242,6 +255,12 @@ type Deps struct {
 	// lifelines holds the lifeline of each session that has crashed in its current activation,
 	// by key: the one thing a session's incarnations share (see lifeline).
 	lifelines sync.Map
+	// claimsSeen holds, by key, the claim (a persistence.ClaimSeen) the session's activation
+	// found as the key's latest before it asked the other members to let go of the key, and, once
+	// the session has claimed the key, its own claim: the condition of the claim of its load
+	// and of its incarnations' after a crash (Session.load). Set or cleared as the manager
+	// starts the session (spawnWith).
+	claimsSeen sync.Map
 	// crashedOut holds the keys of the sessions that crashed past their restart budget, between
 	// their supervisor's decision and their next incarnation's start, which then stops
 	// (sessionSupervisor, Session.crashOut).

@@ -19,41 +19,57 @@ import (
 
 // holdersOf answers a batch of lookups of keys' holders (Placement.Holders) with holder, one key
 // after another: an error for any key fails the whole batch, as a failed query does.
-func holdersOf(ctx context.Context, keys []string, holder func(context.Context, string) (*actor.PID, error)) (map[string]*actor.PID, error) {
-	out := map[string]*actor.PID{}
+// The claims it reads none of: the activations claim on no condition.
+func holdersOf(ctx context.Context, keys []string, holder func(context.Context, string) (*actor.PID, error)) (map[string]Holder, error) {
+	out := map[string]Holder{}
 	for _, key := range keys {
 		h, err := holder(ctx, key)
 		if err != nil {
 			return nil, err
 		}
 		if h != nil {
-			out[key] = h
+			out[key] = Holder{Manager: h}
 		}
 	}
 	return out, nil
 }
 
-// storedPlacement is a peersPlacement whose lookup of a key's holder reads the key's claim in the store and names
-// the member that made it by its node, as the cluster's membership registry does.
+// storedPlacement is a peersPlacement whose lookup of a key's holder reads the key's claim in the
+// store and names the member that made it by its node, as the cluster's membership registry
+// does; the claim read is the condition of the activation's claim (Holder.Seen), as the
+// cluster's placement has it.
 type storedPlacement struct {
 	peersPlacement
 	store persistence.Store
 	nodes map[string]*actor.PID
 }
 
-func (p storedPlacement) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
-	return holdersOf(ctx, keys, p.holder)
+func (p storedPlacement) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
+	out := map[string]Holder{}
+	for _, key := range keys {
+		h, err := p.lookup(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		out[key] = h
+	}
+	return out, nil
 }
 
 func (p storedPlacement) holder(ctx context.Context, key string) (*actor.PID, error) {
+	h, err := p.lookup(ctx, key)
+	return h.Manager, err
+}
+
+func (p storedPlacement) lookup(ctx context.Context, key string) (Holder, error) {
 	own, err := p.store.Ownership(ctx, key)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return nil, nil
+		return Holder{Seen: &persistence.ClaimSeen{}}, nil
 	}
 	if err != nil {
-		return nil, err
+		return Holder{}, err
 	}
-	return p.nodes[own.Owner], nil
+	return Holder{Manager: p.nodes[own.Owner], Seen: &persistence.ClaimSeen{Epoch: own.Epoch, Owner: own.Owner}}, nil
 }
 
 // TestActivationAsksTheHolderItDoesNotKnow: member b joined, and member a has not renewed since:
@@ -111,7 +127,7 @@ type failingHolder struct {
 	wait bool
 }
 
-func (p failingHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p failingHolder) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	return holdersOf(ctx, keys, p.holder)
 }
 
@@ -212,7 +228,7 @@ type gatedHolder struct {
 	gate <-chan struct{}
 }
 
-func (p gatedHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p gatedHolder) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	return holdersOf(ctx, keys, p.holder)
 }
 

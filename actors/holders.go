@@ -42,8 +42,8 @@ const (
 
 // holdersFound is the answer of a batch of lookups of keys' holders in the store (lookUpHolders).
 type holdersFound struct {
-	pids map[string]*actor.PID
-	err  error
+	holders map[string]Holder
+	err     error
 }
 
 // lookupsDue tells the manager that its batches of lookups asked again have room for one again
@@ -53,23 +53,23 @@ type lookupsDue struct{}
 // lookupLane is one lane of lookups (holderOf): those queued for its next batch, by key, the
 // keys in the order they were first queued, and whether a batch of it is in flight.
 type lookupLane struct {
-	found map[string][]func(holder *actor.PID, err error)
+	found map[string][]func(holder Holder, err error)
 	keys  []string
 	busy  bool
 }
 
 // holderOf looks up the holder of key in the store (Placement.Holders), off the actor, in the
-// next batch of lookups, and calls found on the actor with its answer: the holder (nil for none)
-// or an error when the batch failed or took longer than holderLookupTimeout. again marks a
-// lookup that a wait for a member asks again (stillHolds): it goes in the lane whose batches
-// may wait for room.
-func (m *SessionManager) holderOf(c actor.Context, key string, again bool, found func(holder *actor.PID, err error)) {
+// next batch of lookups, and calls found on the actor with its answer: the key's claim and its
+// holder (Holder.Manager, nil for none), or an error when the batch failed or took longer than
+// holderLookupTimeout. again marks a lookup that a wait for a member asks again (stillHolds): it
+// goes in the lane whose batches may wait for room.
+func (m *SessionManager) holderOf(c actor.Context, key string, again bool, found func(holder Holder, err error)) {
 	l := &m.firstLookups
 	if again {
 		l = &m.againLookups
 	}
 	if l.found == nil {
-		l.found = map[string][]func(*actor.PID, error){}
+		l.found = map[string][]func(Holder, error){}
 	}
 	if _, queued := l.found[key]; !queued {
 		l.keys = append(l.keys, key)
@@ -123,8 +123,8 @@ func (m *SessionManager) sendLookups(c actor.Context, l *lookupLane) {
 	go func() { // owned by the batch: it ends with the store call, bounded by holderLookupTimeout
 		ctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
 		defer cancel()
-		pids, err := placement.Holders(ctx, keys)
-		system.Root.Send(f.PID(), &holdersFound{pids: pids, err: err})
+		holders, err := placement.Holders(ctx, keys)
+		system.Root.Send(f.PID(), &holdersFound{holders: holders, err: err})
 	}()
 	c.ReenterAfter(f, func(res any, err error) {
 		l.busy = false
@@ -137,9 +137,9 @@ func (m *SessionManager) sendLookups(c actor.Context, l *lookupLane) {
 			err = h.err
 		}
 		for _, key := range keys {
-			var holder *actor.PID
+			var holder Holder
 			if err == nil {
-				holder = h.pids[key]
+				holder = h.holders[key]
 			}
 			for _, f := range found[key] {
 				f(holder, err)

@@ -28,7 +28,7 @@ type batch struct {
 	keys int
 }
 
-func (p batchCounter) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p batchCounter) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	p.mu.Lock()
 	*p.batches = append(*p.batches, batch{at: time.Now(), keys: len(keys)})
 	p.mu.Unlock()
@@ -140,7 +140,7 @@ type gatedBatches struct {
 	batches *[][]string
 }
 
-func (p gatedBatches) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p gatedBatches) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	p.mu.Lock()
 	*p.batches = append(*p.batches, slices.Clone(keys))
 	n := len(*p.batches)
@@ -281,7 +281,7 @@ type stalledFor struct {
 	key *atomic.Pointer[string]
 }
 
-func (p stalledFor) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p stalledFor) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	if k := p.key.Load(); k != nil && slices.Contains(keys, *k) {
 		<-ctx.Done()
 		return nil, ctx.Err()

@@ -29,7 +29,7 @@ type downHolder struct {
 	lookups *atomic.Int32
 }
 
-func (p downHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p downHolder) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	return holdersOf(ctx, keys, p.holder)
 }
 

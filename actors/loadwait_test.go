@@ -32,11 +32,11 @@ func (s *downStore) refuses(n int32) bool {
 	return s.down.Load()
 }
 
-func (s *downStore) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
+func (s *downStore) Claim(ctx context.Context, key, owner string, at time.Time, seen *persistence.ClaimSeen) (persistence.Claimed, error) {
 	if s.refuses(s.claims.Add(1)) {
 		return persistence.Claimed{}, fmt.Errorf("claim %s: %w", key, persistence.ErrUnavailable)
 	}
-	return s.Store.Claim(ctx, key, owner, at)
+	return s.Store.Claim(ctx, key, owner, at, seen)
 }
 
 func (s *downStore) LoadSession(ctx context.Context, key string, historyLimit, pendingLimit int) (*persistence.Snapshot, error) {

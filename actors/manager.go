@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/scheduler"
@@ -636,13 +637,16 @@ func (m *SessionManager) forward(c actor.Context, pid *actor.PID, r routed) {
 	}
 }
 
-func (m *SessionManager) spawn(c actor.Context, key string) *actor.PID {
-	return m.spawnWith(c, key, false)
-}
-
 // spawnWith starts the session of key; recovered marks the activation that recovers a
-// session's unfinished work at daemon start.
-func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool) *actor.PID {
+// session's unfinished work at daemon start. seen is the key's latest claim as the activation
+// looked it up before it asked the other members to let go of the key: the session claims the
+// key only while it is still so (Session.load); nil claims it on no condition.
+func (m *SessionManager) spawnWith(c actor.Context, key string, recovered bool, seen *persistence.ClaimSeen) *actor.PID {
+	if seen != nil {
+		m.d.claimsSeen.Store(key, *seen)
+	} else {
+		m.d.claimsSeen.Delete(key)
+	}
 	m.makeRoom(c)
 	pid, err := c.SpawnNamed(NewSession(m.d, recovered), key)
 	if err != nil {
@@ -732,6 +736,9 @@ func (m *SessionManager) onTerminated(c actor.Context, t *actor.Terminated) {
 	delete(m.busy, key)
 	if pid := m.sessions[key]; pid == nil || pid.Equal(t.Who) {
 		delete(m.loading, key) // (it answers no probeLoad now)
+	}
+	if m.sessions[key] == nil {
+		m.d.claimsSeen.Delete(key) // (the key's next session is started with its own: spawnWith)
 	}
 	m.answerDrains(c)
 	if g := m.grains[key]; g != nil && !m.stoppingWithWork(key) {

@@ -28,7 +28,7 @@ func TestWaitingSessionStopsWhenItsKeyMoves(t *testing.T) {
 			Source: sourceToProto(src), MessageId: "m1", Text: "hi", ReceivedAtUnixNano: time.Now().UnixNano()}}, time.Hour).Result()
 		t.Logf("deliver while spooling: %+v %v", res, err)
 		// Another member now owns the key and claims it.
-		claimed, err := store.Claim(ctx, key, "b", time.Now())
+		claimed, err := store.Claim(ctx, key, "b", time.Now(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -193,7 +193,7 @@ func (s *claimBefore) Commit(ctx context.Context, groups [][]persistence.Op) []e
 	for _, g := range groups {
 		for _, op := range g {
 			if st, ok := op.(*persistence.SetMessageStatus); ok && st.Status == s.status && s.claimed.CompareAndSwap(false, true) {
-				if _, err := s.Store.Claim(ctx, s.key, "b", time.Now()); err != nil {
+				if _, err := s.Store.Claim(ctx, s.key, "b", time.Now(), nil); err != nil {
 					panic(err)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence"
 )
 
 // Letting go of a key before another member claims it (cluster mode, Deps.Placement).
@@ -40,7 +41,11 @@ import (
 // asked. The session starts only once the lookup has answered (or its batch failed or took
 // longer than holderLookupTimeout: the activation goes on, as with a silent member) and every
 // member asked has let go. A member that claims the key after the lookup is not found so; one
-// that knows this member asks it first (onRelease asks it back).
+// that knows this member asks it first (onRelease asks it back). One that does not (two views
+// stale at once) has its claim or this one's refused: the session claims the key only while the
+// claim the lookup read is still the key's latest (Holder.Seen, Store.Claim's seen), and one
+// refused activates the key again, whose lookup names the member that claimed it
+// (Session.claimedMeanwhile).
 
 // A member that cannot answer (its Release comes back as a dead letter, or goes unanswered
 // releaseTries times in a row) may still be running the key's turn: a dead letter is also what
@@ -95,6 +100,10 @@ type activation struct {
 	unreachable map[string]time.Time
 	peers       []*actor.PID // the members asked first: this member's view of the others
 	lookup      bool         // the key's holder in the store is still being looked up (lookUpHolder)
+	// seen is the key's latest claim as the lookup found it (nil when the lookup failed, or read
+	// none): the session claims the key only while that claim is still the latest
+	// (Store.Claim's seen, Session.load).
+	seen *persistence.ClaimSeen
 	// askedBack names, by PID, the activation of another member's manager this one asked back
 	// (onRelease): once per activation of the asker, or two that hold the key for neither
 	// would ask each other back and forth while they wait.
@@ -120,7 +129,7 @@ type askAgain struct {
 // the same: it is the member most likely not to know yet of one that joined.
 func (m *SessionManager) activate(c actor.Context, key string, recovered bool, rs ...routed) {
 	if m.d.Placement == nil {
-		pid := m.spawnWith(c, key, recovered)
+		pid := m.spawnWith(c, key, recovered, nil)
 		for _, r := range rs {
 			m.forward(c, pid, r)
 		}
@@ -207,11 +216,15 @@ func (m *SessionManager) strangersOf(key string) []waiter {
 // of the key too when it is a member the activation has not asked (one this member's view does
 // not list yet). The activation waits for the answer, at most holderLookupTimeout.
 func (m *SessionManager) lookUpHolder(c actor.Context, key string, a *activation) {
-	m.holderOf(c, key, false, func(holder *actor.PID, err error) {
+	m.holderOf(c, key, false, func(h Holder, err error) {
 		if m.activating[key] != a {
 			return // given up meanwhile
 		}
 		a.lookup = false
+		holder := h.Manager
+		if err == nil {
+			a.seen = h.Seen
+		}
 		switch {
 		case err != nil:
 			// Limited, for all keys: in an outage every activation's lookup fails, and the line
@@ -440,8 +453,8 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 // for no holder, its running turn was fenced and its message ran again here.
 func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, p *actor.PID, cause error, chain uint64) {
 	_, again := a.unreachable[p.String()] // a wait that goes on: its lookup may wait for room (holderOf)
-	m.holderOf(c, key, again, func(holder *actor.PID, err error) {
-		k := p.String()
+	m.holderOf(c, key, again, func(h Holder, err error) {
+		holder, k := h.Manager, p.String()
 		if _, ok := a.asked[k]; m.activating[key] != a || !ok || a.chains[k] != chain {
 			return // started, given up or let go meanwhile, or asked anew (ask)
 		}
@@ -560,7 +573,7 @@ func (m *SessionManager) activated(c actor.Context, key string) {
 	}
 	a := m.activating[key]
 	delete(m.activating, key)
-	pid := m.spawn(c, key)
+	pid := m.spawnWith(c, key, false, a.seen)
 	for _, r := range a.held {
 		m.forward(c, pid, r)
 	}

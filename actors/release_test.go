@@ -31,7 +31,7 @@ type testPlacement struct {
 func (p testPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p testPlacement) Peers() []*actor.PID     { return []*actor.PID{p.peer} }
 func (p testPlacement) Self() *actor.PID        { return p.self }
-func (p testPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
+func (p testPlacement) Holders(context.Context, []string) (map[string]Holder, error) {
 	return nil, nil
 }
 
@@ -204,7 +204,7 @@ func peeredClusterWorld(t *testing.T, agent agents.Agent) *managerWorld {
 func (p peersPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p peersPlacement) Peers() []*actor.PID     { return p.peers }
 func (p peersPlacement) Self() *actor.PID        { return p.self }
-func (p peersPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
+func (p peersPlacement) Holders(context.Context, []string) (map[string]Holder, error) {
 	return nil, nil
 }
 

@@ -342,7 +342,7 @@ type movingPlacement struct{ self, owner atomic.Pointer[actor.PID] }
 func (p *movingPlacement) Owner(string) *actor.PID { return p.owner.Load() }
 func (p *movingPlacement) Peers() []*actor.PID     { return nil }
 func (p *movingPlacement) Self() *actor.PID        { return p.self.Load() }
-func (p *movingPlacement) Holders(context.Context, []string) (map[string]*actor.PID, error) {
+func (p *movingPlacement) Holders(context.Context, []string) (map[string]Holder, error) {
 	return nil, nil
 }
 
@@ -755,7 +755,7 @@ func (r *claimedAtMark) Commit(ctx context.Context, groups [][]persistence.Op) [
 	if mark >= 0 && r.armed.CompareAndSwap(true, false) {
 		for _, op := range groups[mark] {
 			if f, ok := op.(*persistence.Fence); ok {
-				if _, err := r.Store.Claim(ctx, f.Key, "b", time.Now()); err != nil {
+				if _, err := r.Store.Claim(ctx, f.Key, "b", time.Now(), nil); err != nil {
 					panic(err)
 				}
 			}

@@ -193,7 +193,7 @@ func TestFencedResetIsHandedToTheKeysOwner(t *testing.T) {
 		first := w.deliver(t, "m0", "hello")
 		w.awaitTurnEnds(1)
 		synctest.Wait()
-		if _, err := w.store.Claim(w.ctx, w.key, "b", time.Now()); err != nil {
+		if _, err := w.store.Claim(w.ctx, w.key, "b", time.Now(), nil); err != nil {
 			t.Fatal(err)
 		}
 		r := w.reset(t, &ResetSession{})

@@ -475,7 +475,16 @@ func (s *Session) load(c actor.Context) {
 	if s.d.Fencing {
 		// Claim before loading: the snapshot then holds every write the key's previous
 		// activation will ever make (its later ones are fenced).
-		claimed, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt)
+		var seen *persistence.ClaimSeen
+		if v, ok := s.d.claimsSeen.Load(s.key); ok {
+			cs := v.(persistence.ClaimSeen)
+			seen = &cs
+		}
+		claimed, err := s.d.Store.Claim(s.d.Ctx, s.key, s.d.Node, s.activatedAt, seen)
+		if errors.Is(err, persistence.ErrClaimChanged) {
+			s.claimedMeanwhile(c, err)
+			return
+		}
 		if err != nil {
 			if s.waitToLoad(c, "claim", err) {
 				return
@@ -483,6 +492,8 @@ func (s *Session) load(c actor.Context) {
 			panic(fmt.Errorf("session %s: claim: %w", s.key, err))
 		}
 		s.epoch = claimed.Epoch
+		// An incarnation after a crash claims the key again only while this claim is its latest.
+		s.d.claimsSeen.Store(s.key, persistence.ClaimSeen{Epoch: claimed.Epoch, Owner: s.d.Node})
 		if h := claimed.Counted; h != nil {
 			// The member that held the key died: its death counts against the message it was
 			// running (or was next to run), which afterUncleanStops quarantines at the limit.
@@ -581,6 +592,22 @@ func (s *Session) load(c actor.Context) {
 		s.logger().Debug("session resumed", "pending", s.waiting(), "unconfirmed", len(snap.Unconfirmed))
 	}
 	s.tryStart(c)
+}
+
+// claimedMeanwhile stops the session whose claim the store refused on its condition
+// (ErrClaimChanged): another member claimed the key after this activation looked the key's claim
+// up, and the members it asked to let go of the key did not know of that claim (views that
+// differ: a member that did not know this one, and that this one did not know). The session loads
+// nothing and runs nothing, and what it is asked goes back to its manager, which activates the
+// key again (passivate.rerun): that activation looks the claim up again and asks the member that
+// made it, whose session holds the key, and claims it once that member lets go. Before, the claim
+// went through beside the other's, and the key's pending message ran on both members
+// (TestRacingClaimsOfOneSeenClaimRunTheMessageOnce).
+func (s *Session) claimedMeanwhile(c actor.Context, err error) {
+	s.logger().Info("another member claimed the session since this one looked up its claim; the key is activated again", logging.Err(err))
+	s.stale = true
+	s.handOverAll(c, errHandedOver)
+	s.stopWhenSettled(c)
 }
 
 // Waiting for the store. While the spool holds writes the database does not show them yet, and

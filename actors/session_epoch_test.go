@@ -32,7 +32,7 @@ func TestSessionRecordsTheEpochItBeganUnder(t *testing.T) {
 				})
 				if tt.cluster {
 					for range 2 {
-						if _, err := w.store.Claim(w.ctx, w.key, "b", time.Now()); err != nil {
+						if _, err := w.store.Claim(w.ctx, w.key, "b", time.Now(), nil); err != nil {
 							t.Fatal(err)
 						}
 					}

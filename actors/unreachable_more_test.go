@@ -29,7 +29,7 @@ type countingHolder struct {
 	upTo  int
 }
 
-func (p countingHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p countingHolder) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	return holdersOf(ctx, keys, p.holder)
 }
 

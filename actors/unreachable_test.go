@@ -86,7 +86,7 @@ type goneHolder struct {
 	gone *atomic.Pointer[actor.PID]
 }
 
-func (p goneHolder) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+func (p goneHolder) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
 	return holdersOf(ctx, keys, p.holder)
 }
 

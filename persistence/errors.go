@@ -13,6 +13,9 @@ var (
 	// ErrFenced fails a write group whose Fence is older than its key's current claim: another
 	// activation of the session owns the key now, and this one must stop (Store.Claim).
 	ErrFenced = errors.New("persistence: session key claimed by a newer activation")
+	// ErrClaimChanged refuses a claim made on a condition (Store.Claim's seen) that no longer
+	// holds: another claim of the key came after the one the claimer looked up.
+	ErrClaimChanged = errors.New("persistence: session key claimed again since the claimer looked it up")
 	// ErrResend refuses a Write sent, behind unacknowledged writes of its sender, to an earlier
 	// incarnation of the persistence actor: a restart may have lost those, and this one must not
 	// commit ahead of them. The sender sends them all again, in order (see Write).

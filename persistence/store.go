@@ -451,6 +451,14 @@ type Ownership struct {
 	ClaimedAt time.Time
 }
 
+// ClaimSeen is a key's latest claim as a member found it before it asked the other members to
+// let go of the key: the condition of its own claim (Store.Claim). The zero ClaimSeen is a key
+// never claimed.
+type ClaimSeen struct {
+	Epoch int64
+	Owner string
+}
+
 // Claimed is the outcome of Store.Claim.
 type Claimed struct {
 	Epoch int64
@@ -764,7 +772,13 @@ type Store interface {
 	// never goes back (claims are never deleted, not even by PruneSessions). at is recorded
 	// as the claim's time. A store that keeps cluster membership (PostgreSQL) counts, in the
 	// same transaction, the death of a member that held the key (Claimed.Counted).
-	Claim(ctx context.Context, key, owner string, at time.Time) (Claimed, error)
+	//
+	// A claim with seen goes through only while the key's latest claim is still seen (its
+	// epoch and owner; the zero ClaimSeen for a key never claimed): otherwise it changes
+	// nothing and fails with ErrClaimChanged. A cluster member's activation asks the other
+	// members to let go of the key against the claim it looked up; one that claimed the key
+	// since is then not fenced by a second claim beside it. nil claims on no condition.
+	Claim(ctx context.Context, key, owner string, at time.Time, seen *ClaimSeen) (Claimed, error)
 	// Ownership returns the current claim of a key; ErrNotFound if it was never claimed.
 	Ownership(ctx context.Context, key string) (*Ownership, error)
 	// BeginRun records that a single daemon (the only writer of the store) starts run. When

@@ -494,17 +494,24 @@ func (p placement) Self() *actor.PID { return actor.NewPID(p.d.system.Address(),
 
 // Holders asks the store's membership registry, not this member's view: a member that joined
 // since this one's last renewal may hold a key.
-func (p placement) Holders(ctx context.Context, keys []string) (map[string]*actor.PID, error) {
+// Every key looked up is in the answer, with the claim read (the zero one for a key never
+// claimed): the condition of the activation's claim of it.
+func (p placement) Holders(ctx context.Context, keys []string) (map[string]actors.Holder, error) {
 	if p.d.members == nil {
 		return nil, nil
 	}
-	ms, err := p.d.members.Holders(ctx, p.d.cfg.Cluster.Name, keys, p.d.cfg.Cluster.MemberTTL)
+	hs, err := p.d.members.Holders(ctx, p.d.cfg.Cluster.Name, keys, p.d.cfg.Cluster.MemberTTL)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]*actor.PID, len(ms))
-	for key, m := range ms {
-		out[key] = actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id)
+	out := make(map[string]actors.Holder, len(keys))
+	for _, key := range keys {
+		h := hs[key]
+		var manager *actor.PID
+		if m := h.Member; m != nil {
+			manager = actor.NewPID((&cluster.Member{Host: m.Host, Port: int32(m.Port)}).Address(), p.d.manager.Id)
+		}
+		out[key] = actors.Holder{Manager: manager, Seen: &h.ClaimSeen}
 	}
 	return out, nil
 }

@@ -37,7 +37,7 @@ func TestClusterRetriedDeliveryIsNotADuplicate(t *testing.T) {
 	a := startClusterOn(t, dsn, 1, okAgent, 0, func(c *config.Config) { c.Cluster.MemberTTL = time.Minute })[0]
 	defer a.stop(t)
 	src, key, deadNode := chatOfADeadMember(t, a)
-	if _, err := a.d.store.Claim(t.Context(), key, deadNode, time.Now()); err != nil {
+	if _, err := a.d.store.Claim(t.Context(), key, deadNode, time.Now(), nil); err != nil {
 		t.Fatal(err)
 	}
 	ack := a.inject(t, src, "m1", "hi")
@@ -179,7 +179,7 @@ func TestClusterRetriedResetResetsOnce(t *testing.T) {
 		&persistence.PutRoute{Route: persistence.Route{Key: key, SessionID: old.ID, Generation: 1, UpdatedAt: now}}}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	if _, err := a.d.store.Claim(t.Context(), key, deadNode, now); err != nil {
+	if _, err := a.d.store.Claim(t.Context(), key, deadNode, now, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, err := (&sessionsAPI{d: a.d}).Reset(t.Context(), key)

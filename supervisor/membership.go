@@ -22,7 +22,7 @@ type memberStore interface {
 	Heartbeat(ctx context.Context, cluster string, m postgres.Member, ttl time.Duration, keep ...string) ([]postgres.Member, error)
 	Leave(ctx context.Context, cluster, id string) error
 	Members(ctx context.Context, cluster string, ttl time.Duration) ([]postgres.Member, error)
-	Holders(ctx context.Context, cluster string, keys []string, ttl time.Duration) (map[string]postgres.Member, error)
+	Holders(ctx context.Context, cluster string, keys []string, ttl time.Duration) (map[string]postgres.Holding, error)
 	Strangers(ctx context.Context, cluster, id string, ttl time.Duration) ([]postgres.Member, error)
 	RecordSelfStops(ctx context.Context, cluster string, nodes []string) (int, error)
 	Clock(ctx context.Context) (time.Time, error)

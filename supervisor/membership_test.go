@@ -36,7 +36,7 @@ func (s *stalledHeartbeat) Members(context.Context, string, time.Duration) ([]po
 	return nil, nil
 }
 
-func (s *stalledHeartbeat) Holders(context.Context, string, []string, time.Duration) (map[string]postgres.Member, error) {
+func (s *stalledHeartbeat) Holders(context.Context, string, []string, time.Duration) (map[string]postgres.Holding, error) {
 	return nil, nil
 }
 

@@ -91,7 +91,7 @@ func TestSessionsResetInACluster(t *testing.T) {
 	const key = "agent:main:http:dm:c1"
 	at := time.Now()
 	s := persistence.Session{ID: "s1", Key: key, Platform: "http", ChatType: "dm", ChatID: "c1", StartedAt: at, LastActivityAt: at}
-	claimed, err := st.Claim(ctx, key, "member-1", at) // a member runs the session
+	claimed, err := st.Claim(ctx, key, "member-1", at, nil) // a member runs the session
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestSessionsShowSaysWhichSessionIsCurrent(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	for _, owner := range []string{"node-a", "node-b"} {
-		if _, err := st.Claim(context.Background(), keyA, owner, sessAt(50)); err != nil {
+		if _, err := st.Claim(context.Background(), keyA, owner, sessAt(50), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -87,7 +87,7 @@ func BenchmarkFencedCommit(b *testing.B) {
 					sd.ss = append(sd.ss, s)
 					setup = append(setup, &persistence.CreateSession{Session: s})
 					if sd.epochs != nil {
-						e, err := pg.Claim(ctx, s.Key, "bench", base)
+						e, err := pg.Claim(ctx, s.Key, "bench", base, nil)
 						if err != nil {
 							b.Fatal(err)
 						}

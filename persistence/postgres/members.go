@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentgate/agentgate/persistence"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -98,14 +99,17 @@ var renewedMembersSQL = `SELECT id, host, port, kinds, leaving, node, http_addr,
 		AND (NOT ` + expired(ownTTL("m", "$2")) + ` OR id = ANY($3))
 	ORDER BY joined_at, id`
 
-// holdersSQL finds, for each key of $1, the live member of cluster $2 (by its own ttl, or the
-// caller's, $3, as liveMembersSQL) whose node holds the key's latest claim; no row for a key
-// never claimed or whose member is gone. (Two live rows may share a node: a member restarted on
-// its data directory before its old registration expired. The newer one holds the key.)
-var holdersSQL = `SELECT DISTINCT ON (o.key) o.key, m.id, m.host, m.port, m.kinds, m.leaving, m.node
-	FROM owners o JOIN members m ON m.node = o.owner AND m.node <> ''
-	WHERE o.key = ANY($1) AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
-	ORDER BY o.key, m.joined_at DESC`
+// holdersSQL reads, for each key of $1 that was ever claimed, its latest claim (epoch and owner)
+// and the live member of cluster $2 (by its own ttl, or the caller's, $3, as liveMembersSQL)
+// whose node made it: NULLs for a claim whose member is gone, of another cluster, or no
+// member's (an admin command's). (Two live rows may share a node: a member restarted on its
+// data directory before its old registration expired. The newer one holds the key.)
+var holdersSQL = `SELECT o.key, o.epoch, o.owner, m.id, m.host, m.port, m.kinds, m.leaving, m.node
+	FROM owners o LEFT JOIN LATERAL (
+		SELECT m.id, m.host, m.port, m.kinds, m.leaving, m.node FROM members m
+		WHERE m.node = o.owner AND m.node <> '' AND m.cluster = $2 AND NOT ` + gone(ownTTL("m", "$3"), ownTTL("n", "$3")) + `
+		ORDER BY m.joined_at DESC LIMIT 1) m ON true
+	WHERE o.key = ANY($1)`
 
 // holdersPerQuery bounds the keys of one holdersSQL: a manager's batch of lookups (thousands of
 // keys after a rebalance or in a partition) is read in queries of this many keys, sent
@@ -299,16 +303,26 @@ func (s *Store) MemberHTTP(ctx context.Context, cluster string) ([]Member, error
 	return nil, fmt.Errorf("list members of %s: %w", cluster, s.explain(ctx, err))
 }
 
-// Holders returns, for each of keys, the live member of cluster (not gone, as Heartbeat judges
-// it) that holds the latest claim of the key (Store.Claim names the member by its
-// Member.Node); a key never claimed, or whose member that claimed it last is gone, has none in
-// the map. A member about to claim a key asks it to let go first even when its own view of the
-// cluster, as of its last renewal, does not list it yet. One call reads any number of keys, in
-// one round trip of queries of at most holdersPerQuery keys each: a member's session manager
-// gathers the lookups of its activations into one (thousands of keys wait at once while a
-// member cannot be reached).
-func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl time.Duration) (map[string]Member, error) {
-	out := make(map[string]Member, len(keys))
+// Holding is a key's latest claim as Holders reads it.
+type Holding struct {
+	// ClaimSeen is the claim's epoch and owner: the condition of a claim of the key by a
+	// member that asks the others to let go of it (persistence.Store.Claim).
+	persistence.ClaimSeen
+	// Member is the live member of the cluster whose node made the claim; nil when it is gone
+	// (as Heartbeat judges it), of another cluster, or the claim was no member's.
+	Member *Member
+}
+
+// Holders returns, for each of keys ever claimed, its latest claim and the live member of
+// cluster (not gone, as Heartbeat judges it) that made it (Store.Claim names the member by its
+// Member.Node); a key never claimed is not in the map. A member about to claim a key asks that
+// member to let go first even when its own view of the cluster, as of its last renewal, does
+// not list it yet, and claims the key only while the claim is still the one read here. One
+// call reads any number of keys, in one round trip of queries of at most holdersPerQuery keys
+// each: a member's session manager gathers the lookups of its activations into one (thousands
+// of keys wait at once while a member cannot be reached).
+func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl time.Duration) (map[string]Holding, error) {
+	out := make(map[string]Holding, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
@@ -332,10 +346,17 @@ func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl 
 				break
 			}
 			var key string
-			var m Member
-			if _, err = pgx.ForEachRow(rows, []any{&key, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node}, func() error {
-				out[key] = m
-				m = Member{}
+			var h Holding
+			var id, host, node *string
+			var port *int
+			var leaving *bool
+			var kinds []string
+			if _, err = pgx.ForEachRow(rows, []any{&key, &h.Epoch, &h.Owner, &id, &host, &port, &kinds, &leaving, &node}, func() error {
+				if id != nil {
+					h.Member = &Member{ID: *id, Host: *host, Port: *port, Kinds: kinds, Leaving: *leaving, Node: *node}
+				}
+				out[key] = h
+				h, kinds = Holding{}, nil
 				return nil
 			}); err != nil {
 				break

@@ -269,7 +269,7 @@ func TestClaimCountsTheDeathOfTheMemberThatHeldTheKey(t *testing.T) {
 		var counted atomic.Int32
 		for _, owner := range []string{"h1/r_x", "h2/r_y"} {
 			wg.Go(func() {
-				if c, err := s.Claim(ctx, "ka", owner, t0); err != nil {
+				if c, err := s.Claim(ctx, "ka", owner, t0, nil); err != nil {
 					t.Error(err)
 				} else if c.Counted != nil {
 					counted.Add(1)
@@ -322,8 +322,9 @@ func TestMemberHTTP(t *testing.T) {
 // TestHolders: the holder of a key is the live member whose node made the key's latest claim
 // (of two live registrations of one node, the newer); a key never claimed, claimed by a name no
 // member registers, by a member of another cluster or by one whose registration expired has
-// none. One call answers for many keys, more than one query takes (holdersPerQuery), each key
-// as a lookup of it alone would.
+// none. Every key ever claimed has its latest claim read, with a holder or without one (the
+// condition of the next claim of it: Claim's seen). One call answers for many keys, more than
+// one query takes (holdersPerQuery), each key as a lookup of it alone would.
 func TestHolders(t *testing.T) {
 	s, dsn := MustOpen(t)
 	ctx := context.Background()
@@ -347,14 +348,16 @@ func TestHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := map[string]string{}
-		for k, m := range ms {
-			out[k] = fmt.Sprintf("%s@%s:%d%v", m.ID, m.Host, m.Port, m.Kinds)
+		for k, h := range ms {
+			if m := h.Member; m != nil {
+				out[k] = fmt.Sprintf("%s@%s:%d%v", m.ID, m.Host, m.Port, m.Kinds)
+			}
 		}
 		return out
 	}
 	claim := func(key, owner string) {
 		t.Helper()
-		if _, err := s.Claim(ctx, key, owner, time.Now()); err != nil {
+		if _, err := s.Claim(ctx, key, owner, time.Now(), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -372,6 +375,20 @@ func TestHolders(t *testing.T) {
 	want := map[string]string{"k": "b@10.0.0.2:6341[session]", "ka": "a@10.0.0.1:6340[session]"}
 	if got := holders("k", "ka", "unknown", "elsewhere", "never"); !reflect.DeepEqual(got, want) {
 		t.Errorf("holders = %v, want %v (k claimed by a, then b; ka by a; none for the others)", got, want)
+	}
+	// Every key ever claimed has its latest claim read, with a live member or without one: the
+	// condition of the next claim of it (Claim's seen).
+	ms, err := s.Holders(ctx, "c1", []string{"k", "ka", "unknown", "elsewhere", "never"}, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]persistence.ClaimSeen{}
+	for k, h := range ms {
+		seen[k] = h.ClaimSeen
+	}
+	if want := map[string]persistence.ClaimSeen{"k": {Epoch: 2, Owner: b.Node}, "ka": {Epoch: 1, Owner: a.Node},
+		"unknown": {Epoch: 1, Owner: "h9/r_x"}, "elsewhere": {Epoch: 1, Owner: other.Node}}; !reflect.DeepEqual(seen, want) {
+		t.Errorf("claims read = %v, want %v (none for a key never claimed)", seen, want)
 	}
 
 	// Many keys at once: more than one query's worth, every other one claimed, by a or by b.
@@ -461,7 +478,7 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 	}
 	beat(a, short)
 	beat(b, long)
-	if _, err := s.Claim(ctx, "k", b.Node, time.Now()); err != nil {
+	if _, err := s.Claim(ctx, "k", b.Node, time.Now(), nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -473,7 +490,7 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 	if live, err := s.Members(ctx, "c1", short); err != nil || len(live) != 2 {
 		t.Errorf("Members with member_ttl 6 s = %+v, %v; want a and b", live, err)
 	}
-	if ms, err := s.Holders(ctx, "c1", []string{"k"}, short); err != nil || ms["k"].ID != "b" {
+	if ms, err := s.Holders(ctx, "c1", []string{"k"}, short); err != nil || ms["k"].Member == nil || ms["k"].Member.ID != "b" {
 		t.Errorf("Holders(k) with member_ttl 6 s = %+v, %v; want b, which claimed k and is alive", ms, err)
 	}
 
@@ -488,7 +505,7 @@ func TestMembersAreJudgedByTheirOwnTTL(t *testing.T) {
 	if got := beat(a, short); got != "[a]" {
 		t.Errorf("b renewed 31 s ago with member_ttl 30 s: a sees %s, want [a]", got)
 	}
-	if ms, err := s.Holders(ctx, "c1", []string{"k"}, long); err != nil || len(ms) != 0 {
+	if ms, err := s.Holders(ctx, "c1", []string{"k"}, long); err != nil || ms["k"].Member != nil {
 		t.Errorf("Holders(k) after b's registration expired: %+v, %v; want none", ms, err)
 	}
 }

@@ -116,7 +116,7 @@ func mustPendingSessions(t testing.TB, s *Store, ids ...string) {
 // mustClaim claims key for owner at t0.
 func mustClaim(t testing.TB, s *Store, key, owner string) persistence.Claimed {
 	t.Helper()
-	c, err := s.Claim(context.Background(), key, owner, t0)
+	c, err := s.Claim(context.Background(), key, owner, t0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

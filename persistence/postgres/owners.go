@@ -19,11 +19,17 @@ import (
 // adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
 // session that loads next quarantines it at QuarantineAfter). A death whose owner last renewed
 // before the server started (sinceServerStart), or that an outage explains (noSelfStopNear),
-// is not counted.
+// is not counted. A claim on a condition ($4, $5: the epoch and owner the claimer saw, $4 NULL
+// for none; epoch 0 for a key never claimed) inserts or updates no row when the key's latest
+// claim is another (the update's WHERE reads the row as locked, after any claim that went
+// before it), and the statement returns no row. (Its insert is tried when the key has a row,
+// to reach the update; a key without one, seen claimed, gets none: claims are never deleted.)
 var claimSQL = `WITH claimed AS (
-		INSERT INTO owners (key, epoch, owner, claimed_at) VALUES ($1, 1, $2, $3)
+		INSERT INTO owners (key, epoch, owner, claimed_at) SELECT $1, 1, $2, $3
+			WHERE $4::bigint IS NULL OR $4 = 0 OR EXISTS (SELECT 1 FROM owners WHERE key = $1)
 		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
 			owner = excluded.owner, claimed_at = excluded.claimed_at
+			WHERE $4::bigint IS NULL OR (owners.epoch = $4 AND owners.owner = $5::text)
 		RETURNING epoch, previous
 	), counted AS (
 		UPDATE messages h SET attempts = h.attempts + 1
@@ -105,8 +111,9 @@ const (
 // went through: it fenced the activation of the key's live owner (a member that took the lock
 // after the raise), and it counted the death of the key's previous owner against the head
 // pending message of a session that another process ran, a strike toward quarantine for a
-// message that had killed nothing (TestStaleLockHolderClaimsNothing).
-func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
+// message that had killed nothing (TestStaleLockHolderClaimsNothing). Its condition (seen) is
+// part of the one statement: no round trip more.
+func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen *persistence.ClaimSeen) (persistence.Claimed, error) {
 	var c persistence.Claimed
 	if key == "" {
 		return c, errors.New("claim: key required")
@@ -128,8 +135,19 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 	if fence != nil {
 		b.Queue(fence.sql, fence.args...)
 	}
-	b.Queue(claimSQL, key, owner, timeArg(at)).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
+	var seenEpoch *int64
+	var seenOwner string
+	if seen != nil {
+		seenEpoch, seenOwner = &seen.Epoch, seen.Owner
+	}
+	changed := false
+	b.Queue(claimSQL, key, owner, timeArg(at), seenEpoch, seenOwner).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(&c.Epoch, &c.Previous, &sessionID, &messageID, &attempts)
+		if errors.Is(err, pgx.ErrNoRows) && seen != nil {
+			changed = true // (the batch's other statements ran: its error is the fence's, if any)
+			return nil
+		}
+		return err
 	})
 	// Not run again on a dead connection: the claim raises the key's epoch, and one whose
 	// connection broke may have been committed. The pool pings the connection it hands out
@@ -139,6 +157,9 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (per
 			err = describe(*fence, err)
 		}
 		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, s.explain(ctx, err)))
+	}
+	if changed {
+		return persistence.Claimed{}, fmt.Errorf("claim %s: %w: not epoch %d of %q", key, persistence.ErrClaimChanged, seen.Epoch, seen.Owner)
 	}
 	if sessionID != nil {
 		c.Counted = &persistence.CountedMessage{Key: key, SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}

@@ -416,7 +416,7 @@ func testLockHolderFencesCommits(t *testing.T, opts, bOpts Options) {
 		strings.Count(err.Error(), persistence.ErrUnavailable.Error()) != 1 {
 		t.Errorf("A.PruneSessions after B took the lock: error = %v, want ErrUnavailable (said once)", err)
 	}
-	if _, err := a.Claim(ctx, "k1", "a", t0); !errors.Is(err, persistence.ErrUnavailable) {
+	if _, err := a.Claim(ctx, "k1", "a", t0, nil); !errors.Is(err, persistence.ErrUnavailable) {
 		t.Errorf("A.Claim after B took the lock: error = %v, want ErrUnavailable", err)
 	}
 	if o, err := b.Ownership(ctx, "k1"); !errors.Is(err, persistence.ErrNotFound) {
@@ -461,7 +461,7 @@ func TestStaleLockHolderClaimsNothing(t *testing.T) {
 		t.Fatalf("Open a single daemon once the member's hold is gone: %v", err)
 	}
 	defer single.Close()
-	if c, err := member.Claim(ctx, "ka", "h2/r_q", t0); !errors.Is(err, persistence.ErrUnavailable) {
+	if c, err := member.Claim(ctx, "ka", "h2/r_q", t0, nil); !errors.Is(err, persistence.ErrUnavailable) {
 		t.Errorf("the member's Claim after a single daemon took the lock = %s, %v; want ErrUnavailable", counted(c), err)
 	}
 	var attempts int
@@ -672,12 +672,12 @@ func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
 	ctx := context.Background()
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
 		&persistence.CreateSession{Session: newSession("b", "kb")})
-	claimed, err := s.Claim(ctx, "ka", "first", t0)
+	claimed, err := s.Claim(ctx, "ka", "first", t0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := claimed.Epoch
-	if _, err := s.Claim(ctx, "ka", "second", t0); err != nil {
+	if _, err := s.Claim(ctx, "ka", "second", t0, nil); err != nil {
 		t.Fatal(err)
 	}
 	c := mustConn(t, dsn)

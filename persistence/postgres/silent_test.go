@@ -38,7 +38,7 @@ func TestClaimOutlivesASilentTransaction(t *testing.T) {
 		return s
 	}
 	dead, taker := open(2*time.Second), open(20*time.Second)
-	claimed, err := dead.Claim(ctx, "k", "dead", time.Now())
+	claimed, err := dead.Claim(ctx, "k", "dead", time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestClaimOutlivesASilentTransaction(t *testing.T) {
 	}
 
 	began := time.Now()
-	got, err := taker.Claim(ctx, "k", "taker", time.Now())
+	got, err := taker.Claim(ctx, "k", "taker", time.Now(), nil)
 	if err != nil {
 		t.Fatalf("claim after the holder's transaction fell silent (%v later): %v", time.Since(began).Round(time.Millisecond), err)
 	}

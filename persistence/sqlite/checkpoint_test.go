@@ -136,7 +136,7 @@ func TestWriteCutShortByItsContextLeavesNoWAL(t *testing.T) {
 			return err
 		}},
 		{"Claim", func(ctx context.Context, s *Store) error {
-			_, err := s.Claim(ctx, "k1", "member-1", time.Now())
+			_, err := s.Claim(ctx, "k1", "member-1", time.Now(), nil)
 			return err
 		}},
 	} {

@@ -328,12 +328,12 @@ func TestUnavailableBatchKeepsRefusedGroupsErrors(t *testing.T) {
 	s := MustOpen(t, Options{})
 	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("a", "ka")},
 		&persistence.CreateSession{Session: newSession("b", "kb")})
-	claimed, err := s.Claim(ctx, "ka", "first", time.Now())
+	claimed, err := s.Claim(ctx, "ka", "first", time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := claimed.Epoch
-	if _, err := s.Claim(ctx, "ka", "second", time.Now()); err != nil {
+	if _, err := s.Claim(ctx, "ka", "second", time.Now(), nil); err != nil {
 		t.Fatal(err)
 	}
 	s.fault = func(op persistence.Op) error {

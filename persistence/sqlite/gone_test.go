@@ -290,7 +290,7 @@ func TestEveryWriteFindsTheFileGone(t *testing.T) {
 	}{
 		{name: "BeginRun", write: func(s *Store) (any, error) { return s.BeginRun(ctx, "r1", t0) }},
 		{name: "EndRun", write: func(s *Store) (any, error) { return nil, s.EndRun(ctx, "r0") }},
-		{name: "Claim", write: func(s *Store) (any, error) { return s.Claim(ctx, "k1", "member", t0) }},
+		{name: "Claim", write: func(s *Store) (any, error) { return s.Claim(ctx, "k1", "member", t0, nil) }},
 		{name: "PullBack", write: func(s *Store) (any, error) { return s.PullBack(ctx, t0.Add(-time.Hour), t0.Add(-2*time.Hour)) }},
 		{name: "Pardon", write: func(s *Store) (any, error) { return s.Pardon(ctx, "") }},
 		{name: "PruneStep", write: func(s *Store) (any, error) { return s.PruneStep(ctx, t0.Add(time.Hour), 0) }},

@@ -15,21 +15,26 @@ const (
 		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, owner = ?2, claimed_at = ?3
 		RETURNING epoch`
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = ?`
-	ownerSQL     = `SELECT owner FROM owners WHERE key = ?`
+	ownerSQL     = `SELECT epoch, owner FROM owners WHERE key = ?`
 )
 
 // Claim implements persistence.Store: one BEGIN IMMEDIATE transaction under the commit mutex,
 // so it never interleaves with a Commit and every later fence reads its epoch. SQLite keeps
-// no cluster membership: a claim counts nothing (Claimed.Counted is nil).
-func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time) (persistence.Claimed, error) {
-	c, err := s.claim(ctx, key, owner, at)
+// no cluster membership: a claim counts nothing (Claimed.Counted is nil). Its condition (seen)
+// is checked against the row its first statement reads, in the same transaction: no statement
+// more.
+func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen *persistence.ClaimSeen) (persistence.Claimed, error) {
+	c, err := s.claim(ctx, key, owner, at, seen)
+	if errors.Is(err, persistence.ErrClaimChanged) {
+		return persistence.Claimed{}, fmt.Errorf("claim %s: %w", key, err)
+	}
 	if err != nil {
 		return persistence.Claimed{}, s.unavailable(fmt.Errorf("claim %s: %w", key, err))
 	}
 	return c, nil
 }
 
-func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (c persistence.Claimed, err error) {
+func (s *Store) claim(ctx context.Context, key, owner string, at time.Time, seen *persistence.ClaimSeen) (c persistence.Claimed, err error) {
 	if key == "" {
 		return c, errors.New("key required")
 	}
@@ -48,9 +53,14 @@ func (s *Store) claim(ctx context.Context, key, owner string, at time.Time) (c p
 	}
 	defer release()
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	if err := tx.QueryRowContext(ctx, ownerSQL, key).Scan(&c.Previous); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	var latest persistence.ClaimSeen
+	if err := tx.QueryRowContext(ctx, ownerSQL, key).Scan(&latest.Epoch, &latest.Owner); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return c, err
 	}
+	if seen != nil && *seen != latest {
+		return c, fmt.Errorf("%w: epoch %d of %q, not epoch %d of %q", persistence.ErrClaimChanged, latest.Epoch, latest.Owner, seen.Epoch, seen.Owner)
+	}
+	c.Previous = latest.Owner
 	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch); err != nil {
 		return c, err
 	}

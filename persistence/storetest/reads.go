@@ -580,7 +580,7 @@ func testClosed(t *testing.T, s persistence.Store) {
 		{"PruneSessions", second(s.PruneSessions(ctx, at(100), 0))},
 		{"PullBack", second(s.PullBack(ctx, at(100), at(50)))},
 		{"OpenDrafts", second(s.OpenDrafts(ctx, "http", 0))},
-		{"Claim", second(s.Claim(ctx, "k1", "member-1", at(0)))},
+		{"Claim", second(s.Claim(ctx, "k1", "member-1", at(0), nil))},
 		{"Ownership", second(s.Ownership(ctx, "k1"))},
 		{"BeginRun", second(s.BeginRun(ctx, "r1", at(0)))},
 		{"EndRun", s.EndRun(ctx, "r1")},

@@ -78,6 +78,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"Search", testSearch},
 		{"ClaimAndFence", testClaimAndFence},
 		{"ClaimWaitsForFencedCommits", testClaimWaitsForFencedCommits},
+		{"ConditionalClaim", testConditionalClaim},
 		{"FindInbounds", testFindInbounds},
 		{"NotFound", testNotFound},
 		{"Closed", testClosed},

@@ -1,0 +1,98 @@
+package actors
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agentgate/agentgate/internal/metrics"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// heldLookup is a storedPlacement whose first lookup reads the store at once and answers only
+// once gate is closed: the claim it read may have changed by then.
+type heldLookup struct {
+	storedPlacement
+	gate  <-chan struct{}
+	first *atomic.Bool
+}
+
+func (p heldLookup) Holders(ctx context.Context, keys []string) (map[string]Holder, error) {
+	hs, err := p.storedPlacement.Holders(ctx, keys)
+	if p.first.CompareAndSwap(false, true) {
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return hs, err
+}
+
+// TestRacingClaimsOfOneSeenClaimRunTheMessageOnce: two members, a and c, neither of which knows
+// the other (each alone in its view, which places the key on it), activate the key against the
+// same state of the store: it was never claimed. c's lookup reads the store first, but its
+// answer comes late; meanwhile a looks up, claims the key, stores m1 and runs it. c's claim,
+// made on the claim it looked up (none), is refused: its session loads nothing and runs
+// nothing, and c activates the key again, finds a's claim, asks a (which holds the key) and
+// forwards its message there. m1 runs once, on a, and c's message after it, on a too; the key's
+// only claim is a's.
+//
+// Before (claims on no condition), c's claim went through beside a's: c loaded m1, pending in
+// the store, and ran it while a's turn of it still ran (a's result was then fenced).
+func TestRacingClaimsOfOneSeenClaimRunTheMessageOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		logs := &testutil.Buffer{}
+		w := loggedClusterWorld(t, agent, logs)
+		dc := &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: "c", Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		c := w.system.Root.Spawn(NewSessionManager(dc))
+		t.Cleanup(func() { _ = w.system.Root.StopFuture(c).Wait() })
+		var ownerA, ownerC atomic.Pointer[actor.PID]
+		ownerA.Store(w.manager)
+		ownerC.Store(c)
+		nodes := map[string]*actor.PID{"a": w.manager, "c": c}
+		gate := make(chan struct{})
+		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, owner: &ownerA}, w.store, nodes}
+		dc.Placement = heldLookup{storedPlacement{peersPlacement{self: c, owner: &ownerC}, w.store, nodes}, gate, &atomic.Bool{}}
+
+		other := w.system.Root.RequestFuture(c, &Routed{Key: w.key, Msg: w.message("m2", "other")}, time.Hour)
+		synctest.Wait() // c's lookup has read the store (no claim), and waits at the gate
+		slow := w.request("m1", "slow")
+		synctest.Wait()
+		if ran("slow") != 1 {
+			t.Fatalf("m1 ran %d times on a, want once", ran("slow"))
+		}
+		close(gate)
+		synctest.Wait()
+		if n := ran("slow"); n != 1 {
+			t.Errorf("m1 ran %d times while a's turn of it ran, want once: c claimed the key beside a", n)
+		}
+		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" || own.Epoch != 1 {
+			t.Errorf("the key's claim while a ran m1: %+v (%v), want a's, epoch 1, the only one", own, err)
+		}
+		if !strings.Contains(logs.String(), "another member claimed the session since this one looked up its claim") {
+			t.Errorf("no line says c's claim was refused; logs:\n%s", logs.String())
+		}
+		close(release)
+		for _, f := range []*actor.Future{slow, other} {
+			if res, err := f.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+				t.Errorf("deliver: %+v %v", res, err)
+			}
+		}
+		w.awaitTurnEnds(2)
+		synctest.Wait()
+		if ran("slow") != 1 || ran("other") != 1 {
+			t.Errorf("m1 ran %d times and m2 %d, want once each", ran("slow"), ran("other"))
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	})
+}
