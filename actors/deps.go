@@ -132,6 +132,29 @@ type Holder struct {
 	Seen *persistence.ClaimSeen
 }
 
+// Asks is implemented by a Placement whose store carries asks to let go of a key and promises of
+// its claim between members that cannot reach each other (cluster mode on PostgreSQL; see
+// promise.go).
+type Asks interface {
+	// ExchangeAsks records that this member waits, for each of keys, for a holder the store
+	// names and this member cannot reach (in place of the asks it recorded before), and returns
+	// the asks of other live members, renewed within within, for keys whose latest claim is
+	// this member's.
+	ExchangeAsks(ctx context.Context, keys []string, within time.Duration) ([]Ask, error)
+	// Promise hands this member's claim of ask.Key at ask.Epoch over to the asker, and reports
+	// whether it did: false when the key's latest claim is no longer this member's at that
+	// epoch. The store names the asker as the key's holder from then on (Holders).
+	Promise(ctx context.Context, ask Ask) (bool, error)
+}
+
+// Ask is another member's ask, through the store, that this member let go of a key (Asks).
+type Ask struct {
+	Key   string
+	Epoch int64      // of the key's claim the store names this member the holder of
+	Asker *actor.PID // the asking member's SessionManager
+	Node  string     // the name the asker claims keys with (Deps.Node): the claim's new owner
+}
+
 // Deps are the shared, immutable dependencies of the session runtime. One value is built by the
 // supervisor and read by every actor; nothing in it is mutated after start.
 type Deps struct {

@@ -152,6 +152,13 @@ type SessionManager struct {
 	// afterRestart holds the keys whose filed reset a restarted manager hands on once the
 	// members that waited for its incarnation before have asked again (handOnFiledResets).
 	afterRestart map[string]bool
+	// stopAsks ends the exchanges of asks with the store (promise.go), asksBusy is set while
+	// one is in flight, and askFails and promiseFails limit the lines of the exchanges and the
+	// writes of promises that failed.
+	stopAsks     scheduler.CancelFunc
+	asksBusy     bool
+	askFails     logging.Limiter
+	promiseFails logging.Limiter
 }
 
 // managerKept is what a SessionManager's incarnations share across its supervisor's restarts
@@ -171,6 +178,13 @@ type managerKept struct {
 	// the new incarnation has let them go on (holdStopped); stoppedN numbers those holds.
 	stopped  map[string]bool
 	stoppedN uint64
+	// promised holds, by key, the member this one promised its claim of the key to through the
+	// store (promise.go), until the store names another member or this one claims the key;
+	// promising, the promises being written, by key, numbered by promises. A restart must not
+	// lose them: an activation of the key would claim it beside the member promised.
+	promised  map[string]*actor.PID
+	promising map[string]uint64
+	promises  uint64
 }
 
 // recoverAll asks the manager to list the keys with unfinished work and start their sessions
@@ -289,6 +303,10 @@ func (m *SessionManager) Receive(c actor.Context) {
 			m.stopSweep = nil
 		}
 		m.stopPauseChecks()
+		if m.stopAsks != nil {
+			m.stopAsks()
+			m.stopAsks = nil
+		}
 		_, restarting := msg.(*actor.Restarting)
 		m.giveUpHandOns(restarting)
 		m.keepStopped(restarting) // (before the activations go, below)
@@ -320,7 +338,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.refusedLines.Flush()
 		m.d.commandRefusals.Flush()
 		m.unreachableHolders.Flush()
-		logging.FlushAll(&m.overBound, &m.holderFails, &m.leftRecovers, &m.bouncedRecovers, &m.resetHandOnFails, &m.resetHandOnsGivenUp, &m.unsupported)
+		logging.FlushAll(&m.overBound, &m.holderFails, &m.leftRecovers, &m.bouncedRecovers, &m.resetHandOnFails, &m.resetHandOnsGivenUp, &m.unsupported, &m.askFails, &m.promiseFails)
 		m.d.flushLines()
 	case *Routed:
 		if msg.Grain != nil && !m.stoppedByManager(msg.Key, msg.Grain) {
@@ -342,6 +360,12 @@ func (m *SessionManager) Receive(c actor.Context) {
 	case *lookupsDue:
 		m.lookupsDue = false
 		m.lookUpHolders(c)
+	case *exchangeAsks:
+		m.onExchangeAsks(c)
+	case *asksExchanged:
+		m.onAsksExchanged(c, msg)
+	case *promiseWritten:
+		m.onPromiseWritten(msg)
 	case *Leave:
 		m.onLeave(c, msg)
 	case *grainStopped:
@@ -495,6 +519,7 @@ func (m *SessionManager) start(c actor.Context) {
 	m.evicting = map[string]bool{}
 	m.timers = scheduler.NewTimerScheduler(c)
 	m.armSweep(c)
+	m.armAsks(c)
 	if m.kept.successor != nil {
 		// Restarted while its member leaves: it goes on leaving. Its sessions stopped with the
 		// incarnation before: it hands on the keys of those that left work pending

@@ -112,6 +112,17 @@ type activation struct {
 	// false when it activates a key it was handed. Fixed for the activation, so that another
 	// member compares the same rank as this one (ranksFirst).
 	owner bool
+	// promisedTo is the member this one promised its claim of the key to through the store
+	// (promise.go), while the promise may stand: its word that it holds nothing does not let
+	// this activation claim the key, only the store does (it names another member, or none),
+	// and this activation never holds the key for it (onRelease).
+	promisedTo *actor.PID
+}
+
+// defersTo reports whether p is the member this activation's member promised the key's claim to
+// (activation.promisedTo).
+func (a *activation) defersTo(p *actor.PID) bool {
+	return a.promisedTo != nil && p != nil && a.promisedTo.Equal(p)
 }
 
 // askAgain asks a holder of key again whether it still holds it (releaseAnswerTimeout after it
@@ -152,6 +163,13 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 		}
 	}
 	delete(m.strangers, key)
+	// A member this one promised the key's claim to (promise.go): asked too, whether its view
+	// lists it or not.
+	var taker *actor.PID
+	if a.promisedTo = m.kept.promised[key]; a.promisedTo != nil && a.asked[a.promisedTo.String()] == nil {
+		taker = a.promisedTo
+		a.asked[taker.String()] = taker
+	}
 	m.activating[key] = a
 	for _, r := range rs {
 		m.whileActivating(c, key, a, r)
@@ -159,6 +177,9 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	m.lookUpHolder(c, key, a)
 	for _, p := range peers {
 		m.ask(c, key, a, p)
+	}
+	if taker != nil {
+		m.ask(c, key, a, taker)
 	}
 	for _, p := range strangers {
 		m.log.Info("a member this one does not know yet asked for the session before; asking it to let go too",
@@ -403,6 +424,17 @@ func (m *SessionManager) askRelease(c actor.Context, key string, a *activation, 
 			return // the latest chain asks p itself
 		}
 		switch {
+		case err == nil && !r.Holding && a.defersTo(p):
+			// The member this one promised the key's claim to holds nothing of it, or this
+			// activation ranks first: either way it may claim the key on the promise, and it
+			// cannot be told that this one claims it (it may not reach this member). So only
+			// the store lets this activation go on (stillHolds): the key's claim promised back,
+			// taken by another member since, or that member gone.
+			delete(a.silent, p.String())
+			if latest {
+				m.stillHolds(c, key, a, p, errPromisedAway, chain)
+			}
+			return
 		case err == nil:
 			delete(a.silent, p.String())
 			if since, waited := a.unreachable[p.String()]; waited {
@@ -459,8 +491,29 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 			return // started, given up or let go meanwhile, or asked anew (ask)
 		}
 		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
-		if err == nil && !p.Equal(holder) {
+		// While this member's promise of the key's claim to p is being written, the store's
+		// answer is not settled: it may name p a moment later (promise.go).
+		settled := !a.defersTo(p) || m.kept.promising[key] == 0
+		if err == nil && !p.Equal(holder) && settled {
+			promisedTo := a.defersTo(p)
+			if promisedTo {
+				// The claim this member promised it is another's now, or that member is gone.
+				a.promisedTo = nil
+				m.forgetPromise(key, p)
+			}
+			if holder != nil && holder.Equal(m.d.Placement.Self()) && h.Seen != nil {
+				// p promised this member its claim (promise.go): the session claims on the
+				// promised claim. A promise hands over only p's own claim, while it is the key's
+				// latest and p holds nothing of the key, so no claim of another came between; a
+				// third member that looked up p's claim is refused (TestPromiseToAMemberCutOff…).
+				// On the claim it looked up first, the session's claim was refused (the owner
+				// changed), and the key activated again, asking p anew (a silent p: 10 s more).
+				a.seen = h.Seen
+			}
 			switch since, waited := a.unreachable[k]; {
+			case promisedTo:
+				m.log.Info("the member this one promised the session's claim to no longer holds it in the database (it promised it back, another member claimed it, or it is gone); this member takes the key over",
+					"session", key, "member", p.Address, "holder", holderAddress(holder))
 			case waited:
 				m.log.Info("a member this one could not reach no longer holds the session; this member takes the key over",
 					"session", key, "member", p.Address, "waited", time.Since(since))
@@ -502,8 +555,12 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 			err = cause
 		}
 		// Limited for each member (k), its lines apart from those of the others.
-		m.unreachableHolders.LogQuiet(m.log, slog.LevelWarn, "a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone", k, "session", key, "member", p.Address, "waiting", time.Since(since),
-			logging.Err(err))
+		if errors.Is(cause, errPromisedAway) {
+			m.unreachableHolders.LogQuiet(m.log, slog.LevelInfo, "this member promised the session's claim to another member, which may claim it; the session waits until that member promises it back through the database, claims it, or its registration is gone", k, "session", key, "member", p.Address, "waiting", time.Since(since))
+		} else {
+			m.unreachableHolders.LogQuiet(m.log, slog.LevelWarn, "a member that may still run the session cannot be reached; the session waits until it answers or its registration in the database is gone", k, "session", key, "member", p.Address, "waiting", time.Since(since),
+				logging.Err(err))
+		}
 		if !errors.Is(cause, actor.ErrTimeout) {
 			m.timers.SendOnce(releaseAnswerTimeout, c.Self(), &askAgain{key: key, a: a, holder: p, chain: chain})
 			return
@@ -533,6 +590,15 @@ func (m *SessionManager) onReleased(c actor.Context, r *Released) {
 	p := actor.NewPID(r.Address, r.Id)
 	k := p.String()
 	if _, ok := a.asked[k]; !ok {
+		return
+	}
+	if !r.Holding && a.defersTo(p) {
+		// Only the store says it let go (askRelease); its chain of asks goes on. The key's
+		// requests stay here meanwhile: sent to it, they came back, and one it had handed
+		// here as it let go went to it again and waited there (TestPromiserDefersToTheMemberItPromised).
+		if a.holder != nil && a.holder.Equal(p) {
+			a.holder = nil
+		}
 		return
 	}
 	if r.Holding {
@@ -573,6 +639,9 @@ func (m *SessionManager) activated(c actor.Context, key string) {
 	}
 	a := m.activating[key]
 	delete(m.activating, key)
+	if a.promisedTo != nil {
+		m.forgetPromise(key, a.promisedTo) // this session's claim takes the key back
+	}
 	pid := m.spawnWith(c, key, false, a.seen)
 	for _, r := range a.held {
 		m.forward(c, pid, r)
@@ -644,7 +713,7 @@ func (m *SessionManager) onRelease(c actor.Context, r *Release) {
 	me := m.d.Placement.Self()
 	_, stopping := m.stopping[r.Key]
 	a := m.activating[r.Key]
-	holds := m.sessions[r.Key] != nil || stopping || a != nil && a.ranksFirst(me, asker, r)
+	holds := m.sessions[r.Key] != nil || stopping || a != nil && !a.defersTo(asker) && a.ranksFirst(me, asker, r)
 	c.Respond(&Released{Key: r.Key, Address: me.Address, Id: me.Id, Holding: holds, Activation: r.Activation})
 	if !holds {
 		k := asker.String()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentgate/agentgate/actors"
 	"github.com/agentgate/agentgate/internal/logging"
+	"github.com/agentgate/agentgate/persistence/postgres"
 	"github.com/agentgate/agentgate/platforms"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/cluster"
@@ -514,6 +515,43 @@ func (p placement) Holders(ctx context.Context, keys []string) (map[string]actor
 		out[key] = actors.Holder{Manager: manager, Seen: &h.ClaimSeen}
 	}
 	return out, nil
+}
+
+// askStore is the part of the membership registry that carries asks and promises of keys
+// claims between members that cannot reach each other (postgres.Store; actors.Asks).
+type askStore interface {
+	ExchangeAsks(ctx context.Context, cluster, node string, keys []string, within, ttl time.Duration) ([]postgres.Ask, error)
+	Promise(ctx context.Context, key string, epoch int64, from, to string) (bool, error)
+}
+
+// ExchangeAsks implements actors.Asks through the store's registry; a registry that carries no
+// asks (none in tests of the membership alone) asks and answers nothing.
+func (p placement) ExchangeAsks(ctx context.Context, keys []string, within time.Duration) ([]actors.Ask, error) {
+	s, ok := p.d.members.(askStore)
+	if !ok {
+		return nil, nil
+	}
+	asks, err := s.ExchangeAsks(ctx, p.d.cfg.Cluster.Name, p.d.deps.Node, keys, within, p.d.cfg.Cluster.MemberTTL)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]actors.Ask, 0, len(asks))
+	for _, a := range asks {
+		out = append(out, actors.Ask{Key: a.Key, Epoch: a.Epoch, Node: a.Asker.Node,
+			Asker: actor.NewPID((&cluster.Member{Host: a.Asker.Host, Port: int32(a.Asker.Port)}).Address(), p.d.manager.Id)})
+	}
+	return out, nil
+}
+
+var _ actors.Asks = placement{}
+
+// Promise implements actors.Asks.
+func (p placement) Promise(ctx context.Context, a actors.Ask) (bool, error) {
+	s, ok := p.d.members.(askStore)
+	if !ok {
+		return false, errors.New("promise: the membership registry carries no promises")
+	}
+	return s.Promise(ctx, a.Key, a.Epoch, p.d.deps.Node, a.Node)
 }
 
 // clusterReady reports whether this member is in the cluster's topology, as it sees it, and

@@ -19,15 +19,21 @@ import (
 // adds 1 to attempts of the routed session's head pending message, as BeginRun does (the
 // session that loads next quarantines it at QuarantineAfter). A death whose owner last renewed
 // before the server started (sinceServerStart), or that an outage explains (noSelfStopNear),
-// is not counted. A claim on a condition ($4, $5: the epoch and owner the claimer saw, $4 NULL
-// for none; epoch 0 for a key never claimed) inserts or updates no row when the key's latest
-// claim is another (the update's WHERE reads the row as locked, after any claim that went
-// before it), and the statement returns no row. (Its insert is tried when the key has a row,
-// to reach the update; a key without one, seen claimed, gets none: claims are never deleted.)
+// is not counted. Nor is that of a claim's owner that the member that made it promised it to
+// (Promise, migration 0022): no member ran the key under the promised claim, and its maker let
+// go of the key before it promised; previous is then empty. A claim on a condition ($4, $5: the
+// epoch and owner the claimer saw, $4 NULL for none; epoch 0 for a key never claimed) inserts
+// or updates no row when the key's latest claim is another (the update's WHERE reads the row as
+// locked, after any claim or promise that went before it: a promise changes the owner at the
+// claim's epoch), and the statement returns no row. (Its insert is tried when the key has a
+// row, to reach the update; a key without one, seen claimed, gets none: claims are never
+// deleted.)
 var claimSQL = `WITH claimed AS (
 		INSERT INTO owners (key, epoch, owner, claimed_at) SELECT $1, 1, $2, $3
 			WHERE $4::bigint IS NULL OR $4 = 0 OR EXISTS (SELECT 1 FROM owners WHERE key = $1)
-		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1, previous = owners.owner,
+		ON CONFLICT (key) DO UPDATE SET epoch = owners.epoch + 1,
+			previous = CASE WHEN owners.promised_by <> '' AND owners.promised_epoch = owners.epoch
+				THEN '' ELSE owners.owner END,
 			owner = excluded.owner, claimed_at = excluded.claimed_at
 			WHERE $4::bigint IS NULL OR (owners.epoch = $4 AND owners.owner = $5::text)
 		RETURNING epoch, previous
