@@ -96,3 +96,78 @@ func TestRacingClaimsOfOneSeenClaimRunTheMessageOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestHolderTheStoreNamesWhileWaitingIsClaimedAfter: a waits for b, which it cannot reach and
+// the store named as the key's holder when a's activation looked the claim up. Meanwhile c asks
+// b, which lets go, claims the key and runs a slow turn. At a's next ask the store names c: a
+// asks c, whose view places the key on a now, and c hands the key on to a once its turn is done.
+// a claims the key on c's claim, the one its wait read and whose member it asked, and runs its
+// message. Before, a claimed on the claim its first lookup read (b's): the store refused it, a
+// activated the key again and waited for b once more before its message ran.
+func TestHolderTheStoreNamesWhileWaitingIsClaimedAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		agent, ran := slowUntil(release)
+		var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
+		var cut atomic.Bool
+		var logs testutil.Buffer
+		w := loggedClusterWorld(t, agent, &logs)
+		deps := func(node string) *Deps {
+			return &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+		}
+		db, dc := deps("b"), deps("c")
+		var b *actor.PID
+		link := cutLink(w.system, &b, &cut, false) // b as a reaches it
+		b = w.system.Root.Spawn(NewSessionManager(db))
+		cm := w.system.Root.Spawn(NewSessionManager(dc))
+		t.Cleanup(func() {
+			_ = w.system.Root.StopFuture(b).Wait()
+			_ = w.system.Root.StopFuture(cm).Wait()
+		})
+		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": link, "c": cm}}
+		db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{cm}, owner: &ownerB}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+		dc.Placement = storedPlacement{peersPlacement{self: cm, peers: []*actor.PID{b}, owner: &ownerC}, w.store,
+			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+		ownerA.Store(b)
+		ownerB.Store(b)
+		ownerC.Store(b)
+
+		if _, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour).Result(); err != nil {
+			t.Fatal(err)
+		}
+		cut.Store(true)         // a cannot reach b
+		ownerA.Store(w.manager) // a's view places the key on a
+		next := w.request("m2", "next")
+		synctest.Wait() // a waits for b, named by the claim a's lookup read
+		ownerB.Store(cm)
+		ownerC.Store(cm)
+		slow := w.system.Root.RequestFuture(cm, &Routed{Key: w.key, Msg: w.message("m3", "slow")}, time.Hour)
+		synctest.Wait()
+		if own, _ := w.store.Ownership(w.ctx, w.key); ran("slow") != 1 || own.Owner != "c" {
+			t.Fatalf("c ran slow %d times, claim %+v; log:\n%s", ran("slow"), own, logs.String())
+		}
+		ownerC.Store(w.manager) // c hands the key on to a once asked, after its turn
+		time.Sleep(releaseAnswerTimeout)
+		synctest.Wait() // a asked b again, found c named, and asked c
+		close(release)
+		synctest.Wait()
+		if res, err := next.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Fatalf("m2: %+v %v; log:\n%s", res, err, logs.String())
+		}
+		if ran("next") != 1 || ran("slow") != 1 {
+			t.Errorf("m2 ran %d times and m3 %d, want once each", ran("next"), ran("slow"))
+		}
+		if own, _ := w.store.Ownership(w.ctx, w.key); own.Owner != "a" || own.Epoch != 3 {
+			t.Errorf("claim: %+v, want a's at epoch 3", own)
+		}
+		if lines := linesWith(&logs, "another member claimed the session since this one looked up its claim"); len(lines) > 0 {
+			t.Errorf("a's claim was refused, on the claim its first lookup read, though its wait read c's and asked c: %q", lines)
+		}
+		if res, err := slow.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {
+			t.Errorf("m3: %+v %v", res, err)
+		}
+	})
+}

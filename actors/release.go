@@ -490,6 +490,14 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 		if _, ok := a.asked[k]; m.activating[key] != a || !ok || a.chains[k] != chain {
 			return // started, given up or let go meanwhile, or asked anew (ask)
 		}
+		if err == nil && h.Seen != nil {
+			// The claim read now is the condition of the session's claim: its member is p, which
+			// the activation waits for, or it is asked below (or gone, or this member). The claim
+			// the first lookup read is older when another member claimed the key since (the store
+			// names it here), and a claim on it would be refused once that member let go
+			// (TestHolderTheStoreNamesWhileWaitingIsClaimedAfter).
+			a.seen = h.Seen
+		}
 		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
 		// While this member's promise of the key's claim to p is being written, the store's
 		// answer is not settled: it may name p a moment later (promise.go).
