@@ -99,6 +99,7 @@ const noSelfStopNear = `NOT EXISTS (SELECT 1 FROM members o WHERE o.cluster = m.
 
 const (
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`
+	ownerSQL     = `SELECT epoch, owner FROM owners WHERE key = $1`
 	fenceSQL     = `SELECT agentgate_fence($1, $2)`
 	// fencedCode is the SQLSTATE agentgate_fence raises.
 	fencedCode = "AG001"
@@ -165,6 +166,14 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen
 		return persistence.Claimed{}, markUnavailable(fmt.Errorf("claim %s: %w", key, s.explain(ctx, err)))
 	}
 	if changed {
+		// The claim that came since, for the line that says the claim was refused (a round
+		// trip on a refusal only; the SQLite store names it too): without it, the line said
+		// only what this member saw, not who claimed the key (TestConformance/ConditionalClaim).
+		var latest persistence.ClaimSeen
+		if err := s.pool.QueryRow(ctx, ownerSQL, key).Scan(&latest.Epoch, &latest.Owner); err == nil {
+			return persistence.Claimed{}, fmt.Errorf("claim %s: %w: epoch %d of %q, not epoch %d of %q", key, persistence.ErrClaimChanged,
+				latest.Epoch, latest.Owner, seen.Epoch, seen.Owner)
+		}
 		return persistence.Claimed{}, fmt.Errorf("claim %s: %w: not epoch %d of %q", key, persistence.ErrClaimChanged, seen.Epoch, seen.Owner)
 	}
 	if sessionID != nil {

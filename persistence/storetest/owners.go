@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -145,6 +146,11 @@ func testConditionalClaim(t *testing.T, s persistence.Store) {
 		persistence.Claimed{Epoch: 1})
 	refused("k1 claimed since it was seen never claimed", "k1", never)
 	refused("k1 seen at its epoch by another owner", "k1", &persistence.ClaimSeen{Epoch: 1, Owner: "member-b"})
+	// The refusal names the claim that came since: the line of the session refused says who
+	// claimed the key.
+	if _, err := s.Claim(ctx, "k1", "member-x", at(9), never); err == nil || !strings.Contains(err.Error(), `epoch 1 of "member-a"`) {
+		t.Errorf("refused claim of k1: %v; want it to name the key's latest claim, epoch 1 of \"member-a\"", err)
+	}
 	refused("k1 seen at an older epoch", "k1", &persistence.ClaimSeen{Epoch: 0, Owner: "member-a"})
 	refused("k1 seen at a later epoch", "k1", &persistence.ClaimSeen{Epoch: 2, Owner: "member-a"})
 	refused("k2, never claimed, seen claimed", "k2", &persistence.ClaimSeen{Epoch: 1, Owner: "member-a"})
