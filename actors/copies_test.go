@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -132,6 +133,67 @@ func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
 					if m.Status != persistence.StatusDone {
 						t.Errorf("x's row = %+v, want done", m)
 					}
+				}
+			})
+		})
+	}
+}
+
+// TestCopyOfAWriteRefusedBeforeAResumeMarksNoOtherMessage: a message whose write the store
+// refused (x, at seq 5 of session A) and which its sender sends again after /new and /resume A
+// has its copy's seq remembered (noteCopy), but that seq is not its own any more: the resume
+// numbered A's rows after the last one stored, which the refused write is not, and gave it to
+// the next message (z). The writes that give x a final status, or withdraw it, cover the
+// copy's seq (seqsOf, itemSeqs): they marked z's row with x's outcome, x's turn id on z's
+// answered row, or z's row archived by x's withdrawal while z ran (gone from the conversation
+// at the next load). Now the resume numbers A's rows after those of this activation's refused
+// writes too, so no other message is given a seq a copy names.
+func TestCopyOfAWriteRefusedBeforeAResumeMarksNoOtherMessage(t *testing.T) {
+	for _, withdraw := range []bool{false, true} {
+		t.Run(fmt.Sprint("withdraw=", withdraw), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				out := &storetest.Outage{}
+				a := newRequeueAgent()
+				w := newManagerWorldWith(t, filepath.Join(t.TempDir(), "agentgate.db"), a, nil, out.Wrap)
+				r := w.deliver(t, "m0", "m0") // seqs 1 and 2 of A
+				sid := r.SessionId
+				w.awaitTurnEnds(1)
+				out.Down.Store(true)
+				for _, id := range []string{"f1", "f2", "x"} { // seqs 3, 4 and 5, refused
+					if r := w.deliver(t, id, id); r.ErrorCode != "unavailable" {
+						t.Fatalf("%s in the outage: %+v, want unavailable", id, r)
+					}
+				}
+				out.Down.Store(false)
+				mustCommand(t, w, "n1", "/new")
+				mustCommand(t, w, "r1", "/resume "+sid) // its rows: 3 and 4
+				if r := w.deliver(t, "z", "hold"); r.Disposition != platforms.Started || r.SessionId != sid {
+					t.Fatalf("z: %+v, want started in %s", r, sid)
+				}
+				if r := w.deliver(t, "x", "x"); r.Disposition != platforms.Queued || r.ErrorCode != "" {
+					t.Fatalf("x sent again: %+v, want queued", r)
+				}
+				if withdraw {
+					if r := w.withdraw(t, "x"); !r.Withdrawn || r.Error != "" {
+						t.Fatalf("withdrawal of x = %+v, want withdrawn", r)
+					}
+				}
+				close(a.hold)
+				if withdraw {
+					w.awaitTurnEnds(1)
+				} else {
+					w.awaitTurnEnds(2)
+				}
+				synctest.Wait()
+				z := w.rowOf(t, "z")
+				if z.Status != persistence.StatusDone || !z.Active || z.Archived || z.TurnID == "" {
+					t.Errorf("z's row = %+v, want done, in the conversation", z)
+				}
+				if x := w.rowOf(t, "x"); !withdraw && x.TurnID == z.TurnID {
+					t.Errorf("z's row has x's turn id %s: x's result marked it", x.TurnID)
+				}
+				if got := w.answersStored(t, "z"); !slices.Equal(got, []string{"answered z"}) {
+					t.Errorf("z answered %q, want once, by its turn", got)
 				}
 			})
 		})

@@ -172,7 +172,7 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	if resumed.QueueMode != "" {
 		s.mode = resumed.QueueMode
 	}
-	s.lastSeq, s.history = max(lastSeq, s.inflightSeq(resumed.ID)), nil
+	s.lastSeq, s.history = max(lastSeq, s.inflightSeq(resumed.ID), s.refusedSeq(resumed.ID)), nil
 	s.asideThrough(resumed.ID, s.lastSeq)
 	for _, m := range runOrder(msgs) {
 		if m.Role == persistence.RoleUser || m.Role == persistence.RoleAssistant {
@@ -211,6 +211,30 @@ func (s *Session) inflightSeq(sid string) int64 {
 				if o.SessionID == sid {
 					seq = max(seq, o.NewSeq)
 				}
+			}
+		}
+	}
+	return seq
+}
+
+// refusedSeq is the highest message seq of session sid among this activation's inbound writes
+// refused in a way that may have committed (rememberUnsure) and the earlier copies it remembers
+// (noteCopy): rows the store may not show, whose seqs a copy names. A /resume back to sid
+// numbers its rows after them: from the store's last seq alone, it gave a refused write's seq
+// to the next message, and the message's copy, sent again, named that one's row, which the
+// writes that mark or withdraw the copy marked too
+// (TestCopyOfAWriteRefusedBeforeAResumeMarksNoOtherMessage).
+func (s *Session) refusedSeq(sid string) int64 {
+	var seq int64
+	if u := s.unusual; u != nil {
+		for _, it := range u.unsure {
+			if it.sessionID == sid {
+				seq = max(seq, it.seq)
+			}
+		}
+		for _, e := range u.copies {
+			if e.sessionID == sid {
+				seq = max(seq, e.seq)
 			}
 		}
 	}

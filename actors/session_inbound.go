@@ -265,7 +265,8 @@ type seqOf struct {
 // the later one refused as its duplicate. A withdrawal that archived the later seq only
 // archived nothing, said the message was withdrawn, and the earlier copy ran
 // (TestWithdrawnMessageSpooledTwiceDoesNotRun). The seq is this activation's and the
-// message's alone: no other write of the session is given it. At most idSetMax are kept.
+// message's alone: no other write of the session is given it, nor is it by a /resume back
+// to the session (refusedSeq). At most idSetMax are kept.
 func (s *Session) noteCopy(it *item) {
 	u := s.unusual
 	if u == nil {
