@@ -495,7 +495,10 @@ func (m *SessionManager) stillHolds(c actor.Context, key string, a *activation, 
 			// the activation waits for, or it is asked below (or gone, or this member). The claim
 			// the first lookup read is older when another member claimed the key since (the store
 			// names it here), and a claim on it would be refused once that member let go
-			// (TestHolderTheStoreNamesWhileWaitingIsClaimedAfter).
+			// (TestHolderTheStoreNamesWhileWaitingIsClaimedAfter). When the first lookup failed (or took too
+			// long), this read is the activation's first condition: no condition let a third member,
+			// which took an unreachable asker to hold nothing on this read, claim the key beside that
+			// asker once the holder promised it the claim (TestPromiseToAMemberBesideAThirdWhoseLookupFailed).
 			a.seen = h.Seen
 		}
 		deadLetter := errors.Is(cause, actor.ErrDeadLetter)
