@@ -35,11 +35,12 @@ import (
 // exchanges.
 func TestPromiseToAMemberCutOffFromAThirdThatActivates(t *testing.T) {
 	for off := time.Duration(0); off < askEvery; off += 500 * time.Millisecond {
-		t.Run(off.String(), func(t *testing.T) { testPromiseThird(t, off) })
+		t.Run(off.String(), func(t *testing.T) { testPromiseThird(t, off, false) })
 	}
 }
 
-func testPromiseThird(t *testing.T, off time.Duration) {
+// olderC makes c a member of a version before the conditional claim (its claims carry none).
+func testPromiseThird(t *testing.T, off time.Duration, olderC bool) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var mu sync.Mutex
@@ -118,6 +119,9 @@ func testPromiseThird(t *testing.T, off time.Duration) {
 			}
 		}))
 		dc.Placement = place(fC, "c", ownerC, fA, fB, d)
+		if olderC {
+			dc.Store = unconditionalClaims{dc.Store}
+		}
 		for _, o := range []*atomic.Pointer[actor.PID]{ownerA, ownerB, ownerC} {
 			o.Store(fB)
 		}
