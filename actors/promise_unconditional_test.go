@@ -5,17 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/agentgate/agentgate/agents"
-	"github.com/agentgate/agentgate/internal/metrics"
-	"github.com/agentgate/agentgate/internal/testutil"
 	"github.com/agentgate/agentgate/persistence"
-	"github.com/asynkron/protoactor-go/actor"
 )
 
 // failingLookups is a member's promisePlacement whose next fail lookups of keys' holders fail
@@ -65,103 +60,21 @@ func TestPromiseToAMemberBesideAThirdWhoseLookupFailed(t *testing.T) {
 
 func testPromiseThirdUnconditional(t *testing.T, off time.Duration) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		running, most := 0, 0
-		runs := map[string]int{}
-		agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
-			text := req.Messages[0].Text
-			mu.Lock()
-			runs[text]++
-			running++
-			most = max(most, running)
-			mu.Unlock()
-			defer func() { mu.Lock(); running--; mu.Unlock() }()
-			time.Sleep(10 * time.Second)
-			return &agents.Response{Text: "ok " + text}, nil
-		})
-		start := time.Now()
-		logs := &testutil.Buffer{}
-		board := newPromiseBoard()
-		w := loggedClusterWorld(t, agent, logs)
-		w.d.Store = promisedStore{w.store, board}
-		deps := func(node string) *Deps {
-			return &Deps{Ctx: w.ctx, Store: w.d.Store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-		}
-		cut := &atomic.Bool{}
-		var fA, fB, fC *actor.PID
-		front := func(target **actor.PID, cutFrom func() []*actor.PID) *actor.PID {
-			return w.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-				switch m := c.Message().(type) {
-				case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting:
-					return
-				case *Release:
-					asker := actor.NewPID(m.Address, m.Id)
-					for _, p := range cutFrom() {
-						if cut.Load() && asker.Equal(p) {
-							c.Send(c.Sender(), &actor.DeadLetterResponse{Target: c.Self()})
-							return
-						}
-					}
-				}
-				c.Forward(*target)
-			}))
-		}
-		var b, c *actor.PID
-		a := w.manager
-		fA = front(&a, func() []*actor.PID { return []*actor.PID{fB, fC} })
-		fB = front(&b, func() []*actor.PID { return []*actor.PID{fA} })
-		fC = front(&c, func() []*actor.PID { return []*actor.PID{fA} })
-		nodes := map[string]*actor.PID{"a": fA, "b": fB, "c": fC}
-		ownerA, ownerB, ownerC := &atomic.Pointer[actor.PID]{}, &atomic.Pointer[actor.PID]{}, &atomic.Pointer[actor.PID]{}
-		place := func(self *actor.PID, node string, owner *atomic.Pointer[actor.PID], peers ...*actor.PID) promisePlacement {
-			return promisePlacement{storedPlacement{peersPlacement{self: self, peers: peers, owner: owner}, w.store, nodes}, node, board, nil, nil}
-		}
-		w.d.Placement = place(fA, "a", ownerA, fB, fC)
-		db, dc := deps("b"), deps("c")
-		db.Placement = place(fB, "b", ownerB, fA, fC)
+		tr := newTriangle(t)
+		w := tr.w
 		failC, downC := &atomic.Int32{}, &atomic.Bool{}
-		dc.Placement = failingLookups{place(fC, "c", ownerC, fA, fB), failC}
-		dc.Store = claimsDown{dc.Store, downC}
-		for _, o := range []*atomic.Pointer[actor.PID]{ownerA, ownerB, ownerC} {
-			o.Store(fB)
-		}
-		b = w.system.Root.Spawn(NewSessionManager(db))
-		c = w.system.Root.Spawn(NewSessionManager(dc))
-		t.Cleanup(func() { _ = w.system.Root.StopFuture(b).Wait(); _ = w.system.Root.StopFuture(c).Wait() })
-
-		first := w.system.Root.RequestFuture(fB, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour)
-		if _, err := first.Result(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Minute - time.Since(start) + 200*time.Millisecond)
-		synctest.Wait()
-		cut.Store(true)
-		ownerA.Store(fA) // the key moves to a, which cannot reach b (nor c)
-		ownerB.Store(fA)
-		ownerC.Store(fC) // c's view places it on c
-		next := w.request("m2", "next")
+		tr.dc.Placement = failingLookups{tr.place(tr.fC, "c", tr.ownerC, tr.fA, tr.fB), failC}
+		tr.dc.Store = claimsDown{tr.dc.Store, downC}
+		next := tr.spawn(t)
 		time.Sleep(5*time.Second + off)
 		synctest.Wait()
 		failC.Store(1) // c's first lookup fails
 		downC.Store(true)
-		other := w.system.Root.RequestFuture(fC, &Routed{Key: w.key, Msg: w.message("m3", "other")}, time.Hour)
+		other := w.system.Root.RequestFuture(tr.fC, &Routed{Key: w.key, Msg: w.message("m3", "other")}, time.Hour)
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
 		downC.Store(false)
-		for _, f := range []*actor.Future{next, other} {
-			_, _ = f.Result()
-		}
-		time.Sleep(2 * time.Minute)
-		synctest.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		if most > 1 || runs["next"] > 1 || runs["other"] > 1 || runs["first"] != 1 {
-			t.Errorf("turns at once at most %d, want 1; runs %v, want each at most once", most, runs)
-		}
-		if t.Failed() {
-			t.Logf("logs:\n%s", logs.String())
-		}
+		tr.check(t, next, other)
 	})
 }
 
