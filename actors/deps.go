@@ -143,7 +143,8 @@ type Asks interface {
 	ExchangeAsks(ctx context.Context, keys []string, within time.Duration) ([]Ask, error)
 	// Promise hands this member's claim of ask.Key at ask.Epoch over to the asker, and reports
 	// whether it did: false when the key's latest claim is no longer this member's at that
-	// epoch. The store names the asker as the key's holder from then on (Holders).
+	// epoch, or while a live member of an older version (whose claims carry no condition) is
+	// registered. The store names the asker as the key's holder from then on (Holders).
 	Promise(ctx context.Context, ask Ask) (bool, error)
 }
 

@@ -46,7 +46,13 @@ import (
 // (Holder.Seen, Store.Claim's seen): the third member's, on the promiser's claim, is refused
 // once the promise changed its owner, and a promise after the third member's claim promises
 // nothing (TestPromiseToAMemberCutOffFromAThirdThatActivates). The asker claims on the promised
-// claim, which the lookup that ends its wait reads (stillHolds sets activation.seen).
+// claim, which the lookup that ends its wait reads (stillHolds sets activation.seen). A third
+// member of an older version claims on no condition, and would claim beside the asker: the
+// store promises nothing while one is live (its registration lacks the mark every member of
+// this version's carries, postgres.ClaimsOnCondition), and the promise then counts as one of a
+// claim no longer this member's; the asker waits, as before the promise, and this member
+// promises at a later exchange once no such member is left
+// (TestPromiseToAMemberBesideAThirdOfAnOlderVersion).
 
 const (
 	// askEvery is how often a manager exchanges asks with the store; askStands, how long an ask
@@ -196,8 +202,9 @@ func (m *SessionManager) onPromiseWritten(r *promiseWritten) {
 		m.log.Info("a member that cannot reach this one asked for the session through the database; this member holds nothing of it and promised it its claim",
 			"session", r.key, "member", to.Address)
 	} else {
-		// The key's claim is no longer this member's: another member claimed it since.
-		m.log.Debug("a session's claim asked for through the database is no longer this member's; nothing promised",
+		// The key's claim is no longer this member's (another member claimed it since), or a
+		// member of an older version is live (the asker waits; a later exchange asks again).
+		m.log.Debug("a session's claim asked for through the database was not promised: it is no longer this member's, or a member of an older version is live",
 			"session", r.key, "member", to.Address)
 		m.forgetPromise(r.key, to)
 		if a := m.activating[r.key]; a != nil && a.defersTo(to) {

@@ -31,6 +31,10 @@ type promiseBoard struct {
 	fail        atomic.Int32
 	failWritten atomic.Bool
 	promises    atomic.Int32
+	// older, while set, is a live member of a version whose claims carry no condition: a
+	// promise then promises nothing, as postgres.Store.Promise's does while a live member's
+	// registration lacks postgres.ClaimsOnCondition.
+	older atomic.Bool
 }
 
 type boardPromise struct {
@@ -181,7 +185,7 @@ func (p promisePlacement) Promise(ctx context.Context, ask Ask) (bool, error) {
 		return false, nil
 	case node == ask.Node && p.board.promised[ask.Key].epoch == epoch:
 		// (written already: the promise run again)
-	case node != p.node:
+	case node != p.node || p.board.older.Load():
 		return false, nil
 	default:
 		p.board.promised[ask.Key] = boardPromise{epoch: epoch, to: ask.Node}

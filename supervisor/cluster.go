@@ -521,7 +521,7 @@ func (p placement) Holders(ctx context.Context, keys []string) (map[string]actor
 // claims between members that cannot reach each other (postgres.Store; actors.Asks).
 type askStore interface {
 	ExchangeAsks(ctx context.Context, cluster, node string, keys []string, within, ttl time.Duration) ([]postgres.Ask, error)
-	Promise(ctx context.Context, key string, epoch int64, from, to string) (bool, error)
+	Promise(ctx context.Context, key string, epoch int64, from, to string, ttl time.Duration) (bool, error)
 }
 
 // ExchangeAsks implements actors.Asks through the store's registry; a registry that carries no
@@ -545,13 +545,14 @@ func (p placement) ExchangeAsks(ctx context.Context, keys []string, within time.
 
 var _ actors.Asks = placement{}
 
-// Promise implements actors.Asks.
+// Promise implements actors.Asks: the store promises nothing while a live member of an older
+// version, whose claims carry no condition, is registered (postgres.ClaimsOnCondition).
 func (p placement) Promise(ctx context.Context, a actors.Ask) (bool, error) {
 	s, ok := p.d.members.(askStore)
 	if !ok {
 		return false, errors.New("promise: the membership registry carries no promises")
 	}
-	return s.Promise(ctx, a.Key, a.Epoch, p.d.deps.Node, a.Node)
+	return s.Promise(ctx, a.Key, a.Epoch, p.d.deps.Node, a.Node, p.d.cfg.Cluster.MemberTTL)
 }
 
 // clusterReady reports whether this member is in the cluster's topology, as it sees it, and

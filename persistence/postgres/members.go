@@ -11,6 +11,30 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// ClaimsOnCondition is the mark a member of this version registers among its kinds
+// (Heartbeat adds it; the Kinds read back leave it out): every claim it makes carries a
+// condition (persistence.Store.Claim's seen). A promise (Store.Promise) is made only while
+// every live member carries it. No grain kind: nothing is placed on it (protoactor's member
+// lists of a kind nobody asks for stay unused; this version does not hand it to protoactor).
+const ClaimsOnCondition = "agentgate.claims-on-condition"
+
+// registeredKinds is kinds as Heartbeat registers them: with ClaimsOnCondition.
+func registeredKinds(kinds []string) []string {
+	out := make([]string, 0, len(kinds)+1)
+	for _, k := range kinds {
+		if k != ClaimsOnCondition {
+			out = append(out, k)
+		}
+	}
+	return append(out, ClaimsOnCondition)
+}
+
+// readKinds is kinds as read from a registration: without ClaimsOnCondition, which is no
+// grain kind. It changes kinds in place.
+func readKinds(kinds []string) []string {
+	return slices.DeleteFunc(kinds, func(k string) bool { return k == ClaimsOnCondition })
+}
+
 // Member is one member of a cluster, as it registers itself (Store.Heartbeat).
 type Member struct {
 	// Cluster is the name of the member's cluster; only Strangers sets it.
@@ -141,7 +165,9 @@ func (s *Store) Strangers(ctx context.Context, cluster, id string, ttl time.Dura
 		if err == nil {
 			ms, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
 				var m Member
-				return m, r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+				err := r.Scan(&m.Cluster, &m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+				m.Kinds = readKinds(m.Kinds)
+				return m, err
 			})
 		}
 		return err
@@ -173,11 +199,7 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 	// is retried only at the next heartbeat, a fraction of member_ttl later.
 	err = s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		kinds := m.Kinds
-		if kinds == nil {
-			kinds = []string{} // the column is NOT NULL
-		}
-		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, kinds, m.Leaving, m.Node, secs, m.HTTP)
+		b.Queue(heartbeatSQL, cluster, m.ID, m.Host, m.Port, registeredKinds(m.Kinds), m.Leaving, m.Node, secs, m.HTTP)
 		b.Queue(expireMembersSQL, cluster, max(10*secs, keepGone.Seconds()))
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -191,7 +213,9 @@ func (s *Store) Heartbeat(ctx context.Context, cluster string, m Member, ttl tim
 		}
 		live, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
 			var m Member
-			return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP, &m.Expired)
+			err := r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP, &m.Expired)
+			m.Kinds = readKinds(m.Kinds)
+			return m, err
 		})
 		return err
 	})
@@ -226,7 +250,9 @@ func (s *Store) Members(ctx context.Context, cluster string, ttl time.Duration) 
 // scanMember reads a row of liveMembersSQL.
 func scanMember(r pgx.CollectableRow) (Member, error) {
 	var m Member
-	return m, r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+	err := r.Scan(&m.ID, &m.Host, &m.Port, &m.Kinds, &m.Leaving, &m.Node, &m.HTTP)
+	m.Kinds = readKinds(m.Kinds)
+	return m, err
 }
 
 // Leave removes a member's registration: the others see it gone at their next heartbeat.
@@ -353,7 +379,7 @@ func (s *Store) Holders(ctx context.Context, cluster string, keys []string, ttl 
 			var kinds []string
 			if _, err = pgx.ForEachRow(rows, []any{&key, &h.Epoch, &h.Owner, &id, &host, &port, &kinds, &leaving, &node}, func() error {
 				if id != nil {
-					h.Member = &Member{ID: *id, Host: *host, Port: *port, Kinds: kinds, Leaving: *leaving, Node: *node}
+					h.Member = &Member{ID: *id, Host: *host, Port: *port, Kinds: readKinds(kinds), Leaving: *leaving, Node: *node}
 				}
 				out[key] = h
 				h, kinds = Holding{}, nil

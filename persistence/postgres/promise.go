@@ -47,15 +47,25 @@ const (
 		ON CONFLICT (cluster, key, asker) DO UPDATE SET asked_at = clock_timestamp()`
 	// pruneAsksSQL removes the asks of cluster $1 nobody renewed for askBack ($2, seconds).
 	pruneAsksSQL = `DELETE FROM release_asks WHERE cluster = $1 AND asked_at < clock_timestamp() - make_interval(secs => $2)`
-	// promiseSQL hands the claim of key $1 at epoch $2 over from node $4, its owner, to node $3;
-	// promised_by keeps the node that made the claim (a claim promised on again still names it).
-	// A claim already promised to $3 at that epoch counts as promised (the statement run again).
-	promiseSQL = `UPDATE owners SET owner = $3,
-			promised_by = CASE WHEN promised_by <> '' AND promised_epoch = epoch THEN promised_by ELSE $4 END,
-			promised_epoch = epoch
-		WHERE key = $1 AND epoch = $2
-			AND (owner = $4 OR owner = $3 AND promised_by <> '' AND promised_epoch = epoch)`
 )
+
+// promiseSQL hands the claim of key $1 at epoch $2 over from node $4, its owner, to node $3;
+// promised_by keeps the node that made the claim (a claim promised on again still names it).
+// A claim already promised to $3 at that epoch counts as promised (the statement run again).
+// It promises nothing while a live registration on the schema (of any cluster, each judged by
+// its own ttl, or the caller's, $5, as liveMembersSQL) lacks ClaimsOnCondition: a member of a
+// version whose claims carry no condition (before the conditional claim, or before every
+// claim carried one) claims the key beside the asker when, as a third member, it took the
+// promiser's word over the link that it holds nothing. In the statement itself, so that no
+// such member's registration comes between a check and the promise. (A promise written
+// already still counts as promised when such a member registered since: it stands.)
+var promiseSQL = `UPDATE owners SET owner = $3,
+		promised_by = CASE WHEN promised_by <> '' AND promised_epoch = epoch THEN promised_by ELSE $4 END,
+		promised_epoch = epoch
+	WHERE key = $1 AND epoch = $2
+		AND (owner = $4 AND NOT EXISTS (SELECT 1 FROM members m WHERE NOT ('` + ClaimsOnCondition + `' = ANY(m.kinds))
+				AND NOT ` + gone(ownTTL("m", "$5"), ownTTL("n", "$5")) + `)
+			OR owner = $3 AND promised_by <> '' AND promised_epoch = epoch)`
 
 // asksToSQL lists the asks of cluster $1 renewed within $3 seconds, by live members other than
 // $2 (each judged by its own ttl, or the caller's, $4, as liveMembersSQL), for keys whose latest
@@ -109,6 +119,7 @@ func (s *Store) ExchangeAsks(ctx context.Context, cluster, node string, keys []s
 				var a Ask
 				_, err = pgx.ForEachRow(rows, []any{&a.Key, &a.Epoch, &a.Asker.ID, &a.Asker.Host, &a.Asker.Port,
 					&a.Asker.Kinds, &a.Asker.Leaving, &a.Asker.Node}, func() error {
+					a.Asker.Kinds = readKinds(a.Asker.Kinds)
 					out = append(out, a)
 					a = Ask{}
 					return nil
@@ -129,12 +140,15 @@ func (s *Store) ExchangeAsks(ctx context.Context, cluster, node string, keys []s
 // Promise hands the claim of key at epoch, node from's, over to node to (another member that
 // asked for the key: ExchangeAsks), and reports whether it did: false when the key's latest
 // claim is no longer from's at that epoch (another claim came since, or from promised it
-// already). Holders names to from then on, until the key's next claim. The caller holds nothing
+// already), or while a live member registered on the store (of any cluster, judged by its own
+// ttl, or by ttl) lacks ClaimsOnCondition: one of an older version, whose claims carry no
+// condition, which may claim the key beside to (promiseSQL); the caller then waits, as it
+// did before the promise. Holders names to from then on, until the key's next claim. The caller holds nothing
 // of the key, and activates it next only after this returned (its lookup of the key's holder
 // then names to, which it must ask). It runs after the daemon lock's fence, as Claim does.
 // Idempotent: a promise run twice (again after a connection died, or by the caller once more
 // after an error) changes nothing the first did not.
-func (s *Store) Promise(ctx context.Context, key string, epoch int64, from, to string) (bool, error) {
+func (s *Store) Promise(ctx context.Context, key string, epoch int64, from, to string, ttl time.Duration) (bool, error) {
 	switch {
 	case key == "":
 		return false, errors.New("promise: key required")
@@ -158,7 +172,7 @@ func (s *Store) Promise(ctx context.Context, key string, epoch int64, from, to s
 		if fence != nil {
 			b.Queue(fence.sql, fence.args...)
 		}
-		b.Queue(promiseSQL, key, epoch, to, from).Exec(func(ct pgconn.CommandTag) error {
+		b.Queue(promiseSQL, key, epoch, to, from, ttl.Seconds()).Exec(func(ct pgconn.CommandTag) error {
 			promised = ct.RowsAffected() == 1
 			return nil
 		})

@@ -58,7 +58,7 @@ func TestPromiseNamesTheAskerAsTheHolder(t *testing.T) {
 	}
 	promise := func(key string, epoch int64, from, to Member) bool {
 		t.Helper()
-		ok, err := s.Promise(ctx, key, epoch, from.Node, to.Node)
+		ok, err := s.Promise(ctx, key, epoch, from.Node, to.Node, ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,5 +226,106 @@ func TestExchangeAsksReplacesAndForgets(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM release_asks WHERE cluster = 'c2'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("asks left in c2 = %d (%v), want none", n, err)
+	}
+}
+
+// TestPromiseWaitsForALiveMemberOfAnOlderVersion: a member of a version whose claims carry no
+// condition registers no ClaimsOnCondition among its kinds (its own heartbeat's row, written
+// here as it writes it). While it is live, in the cluster or in another on the schema, a
+// promise promises nothing and Holders still names the promiser: as a third member that took
+// the promiser's word over the link, it would claim the key beside the asker. Once it left, or
+// its registration expired, the promise goes through (and, run again while such a member is
+// back, still counts as promised: it stands). This version's registration carries the
+// mark, which the kinds read back leave out. Before, the promise went through beside it.
+func TestPromiseWaitsForALiveMemberOfAnOlderVersion(t *testing.T) {
+	s, dsn := MustOpen(t)
+	ctx := context.Background()
+	conn := mustConn(t, dsn)
+	const ttl = 5 * time.Second
+	a := Member{ID: "a", Host: "10.0.0.1", Port: 6340, Kinds: []string{"session"}, Node: "h1/r_a"}
+	b := Member{ID: "b", Host: "10.0.0.2", Port: 6341, Kinds: []string{"session"}, Node: "h2/r_b"}
+	for _, m := range []Member{a, b} {
+		live, err := s.Heartbeat(ctx, "c1", m, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range live {
+			if fmt.Sprint(l.Kinds) != "[session]" {
+				t.Errorf("kinds of %s read back = %v, want [session] (the mark left out)", l.ID, l.Kinds)
+			}
+		}
+	}
+	var kinds []string
+	if err := conn.QueryRow(ctx, `SELECT kinds FROM members WHERE id = 'a'`).Scan(&kinds); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(kinds) != "[session "+ClaimsOnCondition+"]" {
+		t.Errorf("kinds a registered = %v, want [session %s]", kinds, ClaimsOnCondition)
+	}
+	older := func(cluster string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, heartbeatSQL, cluster, "o", "10.0.0.9", 6349, []string{"session"}, false, "h9/r_o", ttl.Seconds(), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder := func(key string) string {
+		t.Helper()
+		ms, err := s.Holders(ctx, "c1", []string{key}, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := ms[key].Member; m != nil {
+			return m.ID
+		}
+		return ""
+	}
+	promise := func(key string, epoch int64) bool {
+		t.Helper()
+		ok, err := s.Promise(ctx, key, epoch, b.Node, a.Node, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	claim := func(key string) int64 {
+		t.Helper()
+		c, err := s.Claim(ctx, key, b.Node, time.Now(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Epoch
+	}
+
+	// In the cluster; then it leaves.
+	e1 := claim("k1")
+	older("c1")
+	if promise("k1", e1) || holder("k1") != "b" {
+		t.Errorf("b's promise of k1 while a member of an older version is live: holder %q, want b and nothing promised", holder("k1"))
+	}
+	if err := s.Leave(ctx, "c1", "o"); err != nil {
+		t.Fatal(err)
+	}
+	if !promise("k1", e1) || holder("k1") != "a" {
+		t.Errorf("b's promise of k1 once the older member left: holder %q, want a", holder("k1"))
+	}
+	older("c1")
+	if !promise("k1", e1) {
+		t.Error("b's promise of k1 run again once an older member registered says it did nothing, want promised (it stands)")
+	}
+	if err := s.Leave(ctx, "c1", "o"); err != nil {
+		t.Fatal(err)
+	}
+
+	// In another cluster on the schema; then its registration expires.
+	e2 := claim("k2")
+	older("c2")
+	if promise("k2", e2) || holder("k2") != "b" {
+		t.Errorf("b's promise of k2 while a member of an older version is live in another cluster: holder %q, want b and nothing promised", holder("k2"))
+	}
+	if _, err := conn.Exec(ctx, `UPDATE members SET heartbeat_at = heartbeat_at - interval '6 seconds' WHERE id = 'o'`); err != nil {
+		t.Fatal(err)
+	}
+	if !promise("k2", e2) || holder("k2") != "a" {
+		t.Errorf("b's promise of k2 once the older member's registration expired: holder %q, want a", holder("k2"))
 	}
 }
