@@ -108,44 +108,9 @@ func TestHolderTheStoreNamesWhileWaitingIsClaimedAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		agent, ran := slowUntil(release)
-		var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
-		var cut atomic.Bool
-		var logs testutil.Buffer
-		w := loggedClusterWorld(t, agent, &logs)
-		deps := func(node string) *Deps {
-			return &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-		}
-		db, dc := deps("b"), deps("c")
-		var b *actor.PID
-		link := cutLink(w.system, &b, &cut, false) // b as a reaches it
-		b = w.system.Root.Spawn(NewSessionManager(db))
-		cm := w.system.Root.Spawn(NewSessionManager(dc))
-		t.Cleanup(func() {
-			_ = w.system.Root.StopFuture(b).Wait()
-			_ = w.system.Root.StopFuture(cm).Wait()
-		})
-		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": link, "c": cm}}
-		db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{cm}, owner: &ownerB}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
-		dc.Placement = storedPlacement{peersPlacement{self: cm, peers: []*actor.PID{b}, owner: &ownerC}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
-		ownerA.Store(b)
-		ownerB.Store(b)
-		ownerC.Store(b)
-
-		if _, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour).Result(); err != nil {
-			t.Fatal(err)
-		}
-		cut.Store(true)         // a cannot reach b
-		ownerA.Store(w.manager) // a's view places the key on a
-		next := w.request("m2", "next")
-		synctest.Wait() // a waits for b, named by the claim a's lookup read
-		ownerB.Store(cm)
-		ownerC.Store(cm)
-		slow := w.system.Root.RequestFuture(cm, &Routed{Key: w.key, Msg: w.message("m3", "slow")}, time.Hour)
-		synctest.Wait()
+		h := newHolderWhileWaiting(t, agent)
+		w, logs, next, ownerC := h.w, h.logs, h.next, h.ownerC
+		slow := h.moveToC()
 		if own, _ := w.store.Ownership(w.ctx, w.key); ran("slow") != 1 || own.Owner != "c" {
 			t.Fatalf("c ran slow %d times, claim %+v; log:\n%s", ran("slow"), own, logs.String())
 		}
@@ -163,7 +128,7 @@ func TestHolderTheStoreNamesWhileWaitingIsClaimedAfter(t *testing.T) {
 		if own, _ := w.store.Ownership(w.ctx, w.key); own.Owner != "a" || own.Epoch != 3 {
 			t.Errorf("claim: %+v, want a's at epoch 3", own)
 		}
-		if lines := linesWith(&logs, "another member claimed the session since this one looked up its claim"); len(lines) > 0 {
+		if lines := linesWith(logs, "another member claimed the session since this one looked up its claim"); len(lines) > 0 {
 			t.Errorf("a's claim was refused, on the claim its first lookup read, though its wait read c's and asked c: %q", lines)
 		}
 		if res, err := slow.Result(); err != nil || res.(*DeliverResult).ErrorCode != "" {

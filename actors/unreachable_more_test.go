@@ -174,48 +174,13 @@ func TestHolderTheStoreNamesWhileWaitingIsAsked(t *testing.T) {
 		release := make(chan struct{})
 		defer close(release)
 		agent, ran := slowUntil(release)
-		var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
-		var cut atomic.Bool
-		var logs testutil.Buffer
-		w := loggedClusterWorld(t, agent, &logs)
-		deps := func(node string) *Deps {
-			return &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
-				Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
-		}
-		db, dc := deps("b"), deps("c")
-		var b *actor.PID
-		link := cutLink(w.system, &b, &cut, false) // b as a reaches it
-		b = w.system.Root.Spawn(NewSessionManager(db))
-		cm := w.system.Root.Spawn(NewSessionManager(dc))
-		t.Cleanup(func() {
-			_ = w.system.Root.StopFuture(b).Wait()
-			_ = w.system.Root.StopFuture(cm).Wait()
-		})
-		w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": link, "c": cm}}
-		db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{cm}, owner: &ownerB}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
-		dc.Placement = storedPlacement{peersPlacement{self: cm, peers: []*actor.PID{b}, owner: &ownerC}, w.store,
-			map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
-		ownerA.Store(b)
-		ownerB.Store(b)
-		ownerC.Store(b)
-
-		if _, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour).Result(); err != nil {
-			t.Fatal(err)
-		}
-		cut.Store(true)         // a cannot reach b
-		ownerA.Store(w.manager) // a's view places the key on a
-		next := w.request("m2", "next")
-		synctest.Wait() // a waits for b
-		if n := len(linesWith(&logs, "cannot be reached; the session waits")); n != 1 {
+		h := newHolderWhileWaiting(t, agent)
+		w, logs, next := h.w, h.logs, h.next
+		if n := len(linesWith(logs, "cannot be reached; the session waits")); n != 1 {
 			t.Fatalf("a's wait lines: %d", n)
 		}
 		// c's view places the key on c; so does b's: c asks b, which lets go, and c runs m3.
-		ownerB.Store(cm)
-		ownerC.Store(cm)
-		slow := w.system.Root.RequestFuture(cm, &Routed{Key: w.key, Msg: w.message("m3", "slow")}, time.Hour)
-		synctest.Wait()
+		slow := h.moveToC()
 		if ran("slow") != 1 {
 			t.Fatalf("c ran slow %d times; log:\n%s", ran("slow"), logs.String())
 		}
@@ -307,4 +272,64 @@ func TestEveryUnreachableHolderIsNamed(t *testing.T) {
 				strings.Join(waits, "\n"), c1, b1, b2)
 		}
 	})
+}
+
+// holderWhileWaiting is the world of the tests of a holder the store names while a waits: a
+// (the world's manager), b and c (cm) on one store, every view placing the key on b, which
+// ran m1; then a is cut off from b, a's view places the key on a, and a's request of m2 (next)
+// waits for b.
+type holderWhileWaiting struct {
+	w              *managerWorld
+	logs           *testutil.Buffer
+	cm             *actor.PID
+	ownerB, ownerC *atomic.Pointer[actor.PID]
+	next           *actor.Future
+}
+
+func newHolderWhileWaiting(t *testing.T, agent agents.Agent) *holderWhileWaiting {
+	var ownerA, ownerB, ownerC atomic.Pointer[actor.PID]
+	var cut atomic.Bool
+	logs := &testutil.Buffer{}
+	w := loggedClusterWorld(t, agent, logs)
+	deps := func(node string) *Deps {
+		return &Deps{Ctx: w.ctx, Store: w.store, Agent: agent, Platforms: w.d.Platforms, Log: w.d.Log,
+			Metrics: metrics.New("fake"), Node: node, Config: w.d.Config, Persist: w.d.Persist, Fencing: true, Clustered: true}
+	}
+	db, dc := deps("b"), deps("c")
+	var b *actor.PID
+	link := cutLink(w.system, &b, &cut, false) // b as a reaches it
+	b = w.system.Root.Spawn(NewSessionManager(db))
+	cm := w.system.Root.Spawn(NewSessionManager(dc))
+	t.Cleanup(func() {
+		_ = w.system.Root.StopFuture(b).Wait()
+		_ = w.system.Root.StopFuture(cm).Wait()
+	})
+	w.d.Placement = storedPlacement{peersPlacement{self: w.manager, peers: []*actor.PID{link}, owner: &ownerA}, w.store,
+		map[string]*actor.PID{"a": w.manager, "b": link, "c": cm}}
+	db.Placement = storedPlacement{peersPlacement{self: b, peers: []*actor.PID{cm}, owner: &ownerB}, w.store,
+		map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+	dc.Placement = storedPlacement{peersPlacement{self: cm, peers: []*actor.PID{b}, owner: &ownerC}, w.store,
+		map[string]*actor.PID{"a": w.manager, "b": b, "c": cm}}
+	ownerA.Store(b)
+	ownerB.Store(b)
+	ownerC.Store(b)
+
+	if _, err := w.system.Root.RequestFuture(b, &Routed{Key: w.key, Msg: w.message("m1", "first")}, time.Hour).Result(); err != nil {
+		t.Fatal(err)
+	}
+	cut.Store(true)         // a cannot reach b
+	ownerA.Store(w.manager) // a's view places the key on a
+	next := w.request("m2", "next")
+	synctest.Wait() // a waits for b, named by the claim a's lookup read
+	return &holderWhileWaiting{w: w, logs: logs, cm: cm, ownerB: &ownerB, ownerC: &ownerC, next: next}
+}
+
+// moveToC places the key on c in b's and c's views and sends c m3 ("slow"): c asks b, which
+// lets go, and c claims the key and runs m3. It returns m3's request.
+func (h *holderWhileWaiting) moveToC() *actor.Future {
+	h.ownerB.Store(h.cm)
+	h.ownerC.Store(h.cm)
+	slow := h.w.system.Root.RequestFuture(h.cm, &Routed{Key: h.w.key, Msg: h.w.message("m3", "slow")}, time.Hour)
+	synctest.Wait()
+	return slow
 }
