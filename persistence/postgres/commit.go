@@ -112,6 +112,7 @@ type stmt struct {
 func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []error) {
 	errs = make([]error, len(groups))
 	defer sqlstore.MarkUnavailable(errs, IsUnavailable)
+	outer := ctx
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
 		return sqlstore.Fill(errs, fmt.Errorf("commit: %w", err))
@@ -145,7 +146,7 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(valid) == 0 {
 		return errs
 	}
-	s.commitTxs(ctx, fence, stmts, valid, errs)
+	s.commitTxs(ctx, outer, fence, stmts, valid, errs)
 	for i, err := range errs {
 		errs[i] = s.explain(ctx, err)
 	}
@@ -167,7 +168,16 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // is not run again here: its groups fail with ErrUnavailable, and the persistence actor spools
 // them and replays them, which every op bears (each is idempotent but the counters:
 // docs/ARCHITECTURE.md).
-func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) {
+//
+// ctx is the call's (enter), outer its caller's. A COMMIT whose answer does not come within the
+// call's bound (ctx ends with s.noAnswer while outer runs on: the server slow to make it
+// durable, a network that holds the answer) leaves the same unknown, and is settled on the same
+// record, asked within a bound of its own (unansweredCommit): committed, or with no id, its
+// groups succeed; otherwise they fail with ErrUnavailable, and it is not run again, the call's
+// time being spent. Before, they failed at once, and the persistence actor spooled a batch
+// that had committed and replayed it, its counters counting twice
+// (TestUnansweredCommitOfABatchIsSettled).
+func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) {
 	savepoints, retried := false, false
 	for {
 		try := slices.Clone(errs) // a transaction run again starts from errs as they were
@@ -184,7 +194,11 @@ func (s *Store) commitTxs(ctx context.Context, fence *stmt, stmts [][]stmt, vali
 			retried = true
 			continue
 		}
-		if out.lost != nil && dead && out.xact.read {
+		if out.lost != nil && out.xact.read && errors.Is(context.Cause(ctx), s.noAnswer) && outer.Err() == nil {
+			if f := s.unansweredCommit(outer, out); f == fateCommitted || f == fateEmpty {
+				out.lost = nil
+			}
+		} else if out.lost != nil && dead && out.xact.read {
 			switch s.lostCommit(ctx, out, !retried) {
 			case fateCommitted, fateEmpty:
 				out.lost = nil
@@ -231,6 +245,28 @@ func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate 
 			"its writes fail as unavailable (a daemon spools and replays them: a crash or delivery attempt they count may count twice)",
 			"xid", id, "why", why, logging.Err(out.lost))
 	}
+	return f
+}
+
+// unansweredCommit asks for the fate of the transaction of out, whose COMMIT was sent and whose
+// call's bound ran out before its answer came (lostFate), on a fresh connection within a bound
+// of its own (Options.Timeout again, within outer: the call's is spent), logs it and returns it.
+// Committed, or with no id, the groups out.lost would fail succeed; otherwise they fail with it
+// (aborted: nothing was written, and a replay of them counts nothing twice).
+func (s *Store) unansweredCommit(outer context.Context, out txOutcome) fate {
+	ctx, cancel := context.WithTimeoutCause(outer, s.timeout, s.noAnswer)
+	defer cancel()
+	f, why := s.lostFate(ctx, out.xact)
+	switch f {
+	case fateCommitted, fateEmpty:
+		s.log.Info("a commit's COMMIT was not answered within the call's time; the server committed it, or it wrote nothing, so its writes are stored",
+			"xid", out.xact.id.String, logging.Err(out.lost))
+		return f
+	case fateAborted:
+		why = "the server aborted it: nothing was written"
+	}
+	s.log.Warn("a commit's COMMIT was not answered within the call's time; its writes fail as unavailable (a daemon spools and replays them)",
+		"xid", out.xact.id.String, "why", why, logging.Err(out.lost))
 	return f
 }
 

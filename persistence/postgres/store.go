@@ -42,7 +42,9 @@ type Options struct {
 	Shared bool
 	// Timeout bounds every call of the store, a Commit with all its groups included: a server
 	// that does not answer in time (hung, or behind a lost network) fails the call with
-	// persistence.ErrUnavailable, so writes are spooled. Zero means 15 seconds.
+	// persistence.ErrUnavailable, so writes are spooled. Zero means 15 seconds. A commit (or
+	// BeginRun, Pardon) whose COMMIT goes unanswered in time asks for its transaction's fate
+	// within a Timeout of its own (xact.go), so it may take up to twice Timeout.
 	Timeout time.Duration
 	// LockWait is how long Open waits for the daemon lock while another process holds it: a
 	// daemon restarted right after a crash finds its predecessor's lock until the server has
@@ -847,10 +849,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // says that this daemon's writes are waiting for the database when ctx ends first, as the SQLite
 // store's ping does when its writer stays busy. A commit waits for a lock another session holds
 // (a LOCK TABLE, a migration's ALTER TABLE, a long transaction that updated the same rows), or
-// for a slow server, for up to the store's Timeout (15 s) before it fails and its writes are
-// spooled, and the persistence actor's next batches wait behind it. Before, /readyz said ready
-// all that time, the lock check and SHOW being answered at once
-// (TestPingSaysWritesWaitForATableLock).
+// for a slow server, for up to the store's Timeout (15 s; twice that when its COMMIT goes
+// unanswered and its fate is asked for) before it fails and its writes are spooled, and the
+// persistence actor's next batches wait behind it. Before, /readyz said ready all that time,
+// the lock check and SHOW being answered at once (TestPingSaysWritesWaitForATableLock).
 func (s *Store) pingCommits(ctx context.Context) error {
 	start := time.Now()
 	select {
