@@ -84,6 +84,47 @@ func TestOpenEndedWhileItWaitsForTheWriteLockStops(t *testing.T) {
 	})
 }
 
+// TestOpenEndedAsItTakesTheWriteLockIsAStop: an admin command's Open (MustWrite) whose ctx
+// ends as its check holds the write lock, between the BEGIN IMMEDIATE and the ROLLBACK, returns
+// ctx's error, a stop's: nothing was written. Before, the check's transaction was begun with
+// ctx, which database/sql rolls back once ctx ends; the check's ROLLBACK then failed with
+// sql.ErrTxDone, no error of ctx's, and Open returned it as a real failure ("sql: transaction
+// has already been committed or rolled back").
+func TestOpenEndedAsItTakesTheWriteLockIsAStop(t *testing.T) {
+	// In a bubble: synctest.Wait returns once database/sql's goroutine that rolls back a
+	// transaction whose ctx ended has done so (a transaction begun with a ctx that has not
+	// ended leaves it waiting), so that the check's ROLLBACK comes after it, as it may outside
+	// a test.
+	testutil.BubbleTest(t, 2*time.Minute, "a wait on a mutex behind a goroutine that sleeps on the bubble's clock", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "agentgate.db")
+		s, err := Open(t.Context(), path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		cut := false
+		s, err = Open(ctx, path, Options{NoMigrate: true, MustWrite: true, openStep: func(step string) {
+			if step == "write lock taken" {
+				cancel()
+				synctest.Wait()
+				cut = true
+			}
+		}})
+		if err == nil {
+			s.Close()
+			t.Fatal("Open cut as it held the write lock returned a store")
+		}
+		if !cut {
+			t.Fatalf("Open = %v before it took the write lock: the test does not test", err)
+		}
+		if !errors.Is(err, context.Canceled) || !endedByCtx(err) {
+			t.Errorf("Open cut as it held the write lock = %v, want ctx's error (context.Canceled): a stop's", err)
+		}
+	})
+}
+
 // TestOpenEndedWhileItMigratesFinishesTheMigration: an Open whose ctx ends once its migration
 // has begun (here as it logs the migration it applies) does not cut it: the migration runs to
 // its end, and Open returns ErrMigratedThenEnded with ctx's error, no store. A cut would roll

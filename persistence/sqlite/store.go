@@ -62,8 +62,10 @@ type Options struct {
 
 	// openStep, set only by tests, is called as Open reaches each of its steps after the
 	// migration: "migrated" as soon as the migration has returned (after its commit, or its
-	// transaction that had nothing to migrate), and "prepare" once Open has checked its ctx
-	// after it and goes on (to the write statements, the readers): where a test's stop lands.
+	// transaction that had nothing to migrate), "write lock taken" as MustWrite's check holds
+	// the write lock, before it lets go of it (takeWriteLock), and "prepare" once Open has
+	// checked its ctx after it and goes on (to the write statements, the readers): where a
+	// test's stop lands.
 	openStep func(step string)
 }
 
@@ -280,7 +282,7 @@ func (s *Store) open(ctx context.Context, syncMode string, opts Options) error {
 	}
 	again := "start again"
 	if err == nil && opts.MustWrite {
-		err = takeWriteLock(ctx, w)
+		err = takeWriteLock(ctx, w, opts.step)
 		again = "run the command again (nothing was changed)"
 	}
 	if isBusy(err) {
@@ -361,11 +363,18 @@ const noCreate = "mode=rw"
 
 // takeWriteLock takes the write lock of the database w writes (BEGIN IMMEDIATE: the writer's
 // _txlock), waiting for it at most the writer's busy timeout, and releases it (Options.MustWrite).
-func takeWriteLock(ctx context.Context, w *sql.DB) error {
-	tx, err := w.BeginTx(ctx, nil)
+// ctx ends the wait (beginUncut), not the transaction it begins: its end is Open's to see, at
+// its next step. Before, the transaction was begun with ctx, and database/sql rolled it back
+// once ctx ended; an end of ctx between the BEGIN and the ROLLBACK made the ROLLBACK fail with
+// sql.ErrTxDone, which is no error of ctx's (endedByCtx), and Open took the stop for a real
+// failure ("sql: transaction has already been committed or rolled back")
+// (TestOpenEndedAsItTakesTheWriteLockIsAStop). step is Open's openStep, for that test.
+func takeWriteLock(ctx context.Context, w *sql.DB, step func(string)) error {
+	tx, err := beginUncut(ctx, w)
 	if err != nil {
 		return fmt.Errorf("take the write lock: %w", err)
 	}
+	step("write lock taken")
 	return tx.Rollback()
 }
 
