@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -203,5 +204,78 @@ func TestSIGTERMWhileTheStartMigratesPostgres(t *testing.T) {
 	}
 	if run != "" {
 		t.Errorf("run %q recorded after a stop during the start's migration, want none (the next start would count an unclean stop)", run)
+	}
+}
+
+// TestSIGTERMWhileTheStartsMigrationFailsForReal: a SIGTERM while the start migrates
+// PostgreSQL's schema (held as in TestSIGTERMWhileTheStartMigratesPostgres: the migration
+// applies the last file, then waits to record it) lets the migration go on, and a migration
+// that then fails for real (here the admin transaction that held it records the same version
+// first, and the migration's INSERT meets that row: 23505) is no stop: the daemon exits 1 with
+// the failure, and says neither that it stopped nor that the migrations had been applied. Only
+// an error that the stop caused is the stop's (the store's endedByCtx); the migration, which
+// the stop does not cut, fails with its own. The migration rolled back: the schema's tables
+// are those it had.
+func TestSIGTERMWhileTheStartsMigrationFailsForReal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the binary")
+	}
+	ctx := t.Context()
+	dsn := pgtest.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	latest := pgtest.SchemaOneMigrationShort(t, ctx, admin, "../../persistence/postgres/migrations")
+	tables := func() (n int) {
+		t.Helper()
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := tables()
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE schema_migrations IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	stderr, cmd, done := startingServe(t, dsn)
+	waitFor(t, 30*time.Second, func() bool {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
+			AND relation = 'schema_migrations'::regclass`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(stderr.String(), "signal received during the start") })
+	// The version the migration records, recorded first: its INSERT fails once it goes on.
+	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 0)`, latest); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = exitWithin(t, done, 20*time.Second)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("exit after a SIGTERM during the start's migration, which then failed: %v, want exit status 1", err)
+	}
+	log := stderr.String()
+	if !inOrder(log, "signal received during the start", "start: open store", "duplicate key") {
+		t.Errorf("the daemon's log does not say, in order, the signal and the migration's failure:\n%s", log)
+	}
+	for _, never := range []string{"asked to stop during the start while it opened the store", "schema migrated", "agentgate started"} {
+		if strings.Contains(log, never) {
+			t.Errorf("the daemon's log says %q, though its migration failed:\n%s", never, log)
+		}
+	}
+	if after := tables(); after != before {
+		t.Errorf("%d tables in the schema after the failed migration, want the %d it had (rolled back)", after, before)
 	}
 }
