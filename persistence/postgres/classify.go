@@ -59,7 +59,12 @@ func IsUnavailable(err error) bool {
 // DeadlineExceeded) or that began with ctx done, as pgxpool does for an acquire. Not
 // query_canceled (57014): pgx sends the server no cancel request when ctx ends (this store
 // keeps its default handler, DeadlineContextWatcherHandler), so a 57014 is a statement_timeout
-// or an admin's pg_cancel_backend, a failure of its own.
+// or an admin's pg_cancel_backend, a failure of its own. Nor a net timeout as such: a write
+// that ctx cut (a server that stopped reading, its connection's buffers full) is ctx's error
+// already, pgconn turning the deadline's i/o timeout into it when ctx is done
+// (TestOpenCutWhileItWritesIsAStop), and a timeout it leaves as it is came while ctx had not
+// ended (TCP's ETIMEDOUT, a keepalive's: a net.Error whose Timeout is true too): a real
+// failure, which a stop may meet.
 //
 // Only such an error is a stop's after Open migrated: a real failure that a stop meets (the
 // lock's connection lost as the epoch's raise waits) is Open's error as without the stop, and

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"errors"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,4 +73,48 @@ func TestOpenEndedWhileAMigrationWaitsLetsTheLockGo(t *testing.T) {
 		t.Fatalf("Open after a cut Open of the same process = %v, want its daemon lock let go of", err)
 	}
 	_ = s.Close()
+}
+
+// TestOpenCutWhileItWritesIsAStop: a stop that cuts Open while it writes to a server that
+// stopped reading (the connection's buffers full: here a relay that reads a connection's first
+// bytes and no more, and a startup message longer than the buffers hold, from a long
+// application_name) is the stop's: Open returns ctx's error, promptly. pgx ends the write by a
+// deadline on the connection (its context watcher), and pgconn turns the write's i/o timeout
+// into ctx's error before it returns it (normalizeTimeoutError, as for a cut read), so
+// endedByCtx needs no case for a net timeout; one would take a real timeout that a stop meets
+// (TCP's ETIMEDOUT, a keepalive's, is a net.Error whose Timeout is true) for the stop's. Only
+// the startup message can fill the buffers: each statement of Open is a few kilobytes at most,
+// and waits for its answer before the next is sent.
+func TestOpenCutWhileItWritesIsAStop(t *testing.T) {
+	writing := make(chan struct{}, 1)
+	relayed, _ := relayConns(t, pgtest.NewDatabase(t), "pgfull", func(c, up net.Conn) func(dst, src net.Conn, fromClient bool) {
+		return func(dst, src net.Conn, fromClient bool) {
+			if fromClient {
+				if n, _ := src.Read(make([]byte, 1024)); n > 0 {
+					select {
+					case writing <- struct{}{}: // the client writes, and the rest waits
+					default:
+					}
+				}
+			}
+			<-t.Context().Done() // (ends before relayConns's stop, a cleanup, waits for this)
+		}
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	opened := openAside(ctx, relayed+" application_name="+strings.Repeat("a", 8<<20), Options{})
+	select {
+	case <-writing:
+	case err := <-opened:
+		t.Fatalf("Open = %v before it wrote", err)
+	}
+	cancel()
+	select {
+	case err := <-opened:
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "write") {
+			t.Errorf("Open cut while it wrote = %v, want ctx's error (context.Canceled) from the write", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Open went on for 10 s after its ctx ended while it wrote")
+	}
 }
