@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
@@ -241,6 +242,27 @@ func snowflakeLess(a, b string) bool {
 	return a < b
 }
 
+// discordStrip returns content as Discord keeps it. Discord strips characters it takes for
+// invalid or for breaking a message's formatting before it reads the content (the warning on
+// Create Message in its API docs; discord-api-docs#1189, a staff answer: "Unicode control
+// characters get stripped"), and refuses a message left empty (50006). It does not say which;
+// the fake strips the control characters (C0, DEL, C1) but tab, line feed, carriage return and
+// ESC (Discord's ansi code blocks colour text with ESC's codes), and the bidirectional
+// overrides and isolates (U+202A to U+202E, U+2066 to U+2069, discord-api-docs#1189). A body
+// that is not valid UTF-8, which Discord answers 400 (code 0, discord-api-docs#1197), never
+// comes from discordgo: encoding/json writes U+FFFD for such bytes.
+func discordStrip(content string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r' || r == '\x1b':
+			return r
+		case unicode.IsControl(r), r >= '\u202a' && r <= '\u202e', r >= '\u2066' && r <= '\u2069':
+			return -1
+		}
+		return r
+	}, content)
+}
+
 // allowedMentions is the allowed_mentions object of a message body.
 type allowedMentions struct {
 	Parse       []string `json:"parse"`
@@ -277,7 +299,7 @@ func (s *Server) postMessage(r *http.Request) (int, any) {
 			return http.StatusOK, s.messageWire(m, false, visibleAll)
 		}
 	}
-	if strings.TrimSpace(body.Content) == "" && len(body.Embeds) == 0 { // Discord trims content
+	if strings.TrimSpace(discordStrip(body.Content)) == "" && len(body.Embeds) == 0 { // Discord strips and trims content
 		return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
 	}
 	if utf8.RuneCountInString(body.Content) > maxContent {
@@ -299,7 +321,8 @@ func (s *Server) postMessage(r *http.Request) (int, any) {
 		channelID: ch.ID,
 		guildID:   ch.GuildID,
 		author:    s.bot,
-		content:   body.Content,
+		content:   discordStrip(body.Content),
+		posted:    body.Content,
 		embeds:    body.Embeds,
 		flags:     body.Flags,
 		typ:       discordgo.MessageTypeDefault,
@@ -397,10 +420,10 @@ func (s *Server) editMessage(r *http.Request) (int, any) {
 		if utf8.RuneCountInString(*body.Content) > maxContent {
 			return invalidForm("content", "BASE_TYPE_MAX_LENGTH", "Must be 2000 or fewer in length.")
 		}
-		if strings.TrimSpace(*body.Content) == "" && len(m.embeds) == 0 {
+		if strings.TrimSpace(discordStrip(*body.Content)) == "" && len(m.embeds) == 0 {
 			return http.StatusBadRequest, apiError("Cannot send an empty message", 50006)
 		}
-		m.content = *body.Content
+		m.content, m.posted = discordStrip(*body.Content), *body.Content
 	}
 	edited, _ := s.tickLocked()
 	m.edited = &edited

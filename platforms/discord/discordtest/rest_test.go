@@ -25,6 +25,26 @@ func restCode(err error) (status, code int, ok bool) {
 	return rerr.Response.StatusCode, code, true
 }
 
+// TestContentStripped: as Discord does, the fake keeps a message's content without the control
+// characters but tab, line feed, carriage return and ESC (which ansi code blocks use), and
+// without bidirectional overrides; Posted shows the content as the request carried it.
+func TestContentStripped(t *testing.T) {
+	t.Parallel()
+	srv := newWorld(t)
+	dg := newSession(t, srv, "Bot "+srv.Token())
+	const sent = "a\x07b\u0085c\u202ed\t\x1b[31me\x1b[0m\r\n"
+	m, err := dg.ChannelMessageSend(channelID, sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "abcd\t\x1b[31me\x1b[0m\r\n"; m.Content != want {
+		t.Errorf("content %q, want %q", m.Content, want)
+	}
+	if got := srv.Posted(channelID); len(got) != 1 || got[0] != sent {
+		t.Errorf("Posted = %q, want [%q]", got, sent)
+	}
+}
+
 // REST calls need no gateway connection.
 func TestRESTErrors(t *testing.T) {
 	t.Parallel()
@@ -53,6 +73,10 @@ func TestRESTErrors(t *testing.T) {
 		}, 400, 50035},
 		{"empty", func() error {
 			_, err := dg.ChannelMessageSend(channelID, "")
+			return err
+		}, 400, 50006},
+		{"only what Discord strips", func() error {
+			_, err := dg.ChannelMessageSend(channelID, "\x07\x08 \u202e\n")
 			return err
 		}, 400, 50006},
 		{"edit too long", func() error {

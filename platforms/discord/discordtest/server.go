@@ -453,6 +453,21 @@ func (s *Server) Sent(channelID string) []*discordgo.Message {
 	return out
 }
 
+// Posted returns the content of each message the bot posted in channelID, in order of
+// creation, as its last request (the post, or the last edit) carried it: before Discord
+// stripped what it strips (discordStrip), which Sent shows done.
+func (s *Server) Posted(channelID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, m := range s.history[channelID] {
+		if m.author.ID == s.bot.ID {
+			out = append(out, m.posted)
+		}
+	}
+	return out
+}
+
 // WaitSent waits until the bot has posted at least n messages in channelID and returns
 // them (see Sent). It fails t after WaitTimeout.
 func (s *Server) WaitSent(t testing.TB, channelID string, n int) []*discordgo.Message {

@@ -34,6 +34,7 @@ type message struct {
 	author                 User
 	nick                   string
 	content                string
+	posted                 string // the content as the bot's request carried it, before Discord's stripping (a bot's message)
 	embeds                 []json.RawMessage
 	flags                  int
 	typ                    discordgo.MessageType
