@@ -84,6 +84,7 @@ func (s *Session) partial(c actor.Context, turnID string, group []*item) func(st
 	var mu sync.Mutex
 	last := ""
 	return func(text string) {
+		text = shownText(text) // as the final reply will be
 		if strings.TrimSpace(text) == "" {
 			return
 		}

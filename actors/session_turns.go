@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/internal/identity"
@@ -598,6 +600,36 @@ func saneTokens(n int64) int64 { return min(max(n, 0), maxTurnTokens) }
 // withoutNUL replaces NUL characters, which PostgreSQL cannot store in text, by U+FFFD.
 func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD") } // s itself when it has none
 
+// shownText is an agent's text (a reply, a draft's text, a refusal's notice) as agentgate stores
+// and sends it, to every platform alike: valid UTF-8 (bytes that are not become U+FFFD, as the
+// exec agent makes them), each NUL U+FFFD (withoutNUL), and without the other control characters
+// (C0, DEL, C1) but tab, line feed, carriage return and ESC. A chat shows no control character;
+// Discord strips them, and refused a reply of nothing else as empty (50006), which was logged
+// at ERR as undeliverable for good and recorded failed; an HTTP client got them escaped, a bell
+// or a backspace for a terminal that prints the text. ESC stays: Discord's ansi code blocks
+// colour text with its codes. The transcript stores what was sent, and the next turn's history
+// reads it (TestAgentControlCharactersReachNoChat).
+func shownText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, hiddenControl) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == 0:
+			return '\uFFFD'
+		case hiddenControl(r):
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+}
+
+// hiddenControl reports whether r is a control character that shownText takes out (NUL, which
+// it replaces, included).
+func hiddenControl(r rune) bool {
+	return unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' && r != '\x1b'
+}
+
 // finish records the end of a turn (reply row, message status, outbox, activity, route and the
 // tokens it used, in one write) and sends the reply once it is durable. It archives the rows of
 // the session's messages archive lists too (those leaveOut left out of the conversation), as
@@ -605,7 +637,7 @@ func withoutNUL(s string) string { return strings.ReplaceAll(s, "\x00", "\uFFFD"
 // unavailable is held and written again (heldWrites): the agent does not run again for it.
 func (s *Session) finish(c actor.Context, r *turnRun, role, text, status string, usage agents.Usage, archive []int64) {
 	now := s.d.now()
-	text = withoutNUL(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows one
+	text = shownText(text) // an agent's output: PostgreSQL stores no NUL, and no chat shows a control character
 	seqs := s.itemSeqs(r.items)
 	var interrupted []*item
 	if u := s.unusual; u != nil {

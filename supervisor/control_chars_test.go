@@ -1,0 +1,152 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/bwmarrin/discordgo"
+
+	"github.com/agentgate/agentgate/agents"
+	"github.com/agentgate/agentgate/internal/config"
+	"github.com/agentgate/agentgate/internal/testutil"
+	"github.com/agentgate/agentgate/persistence"
+	"github.com/agentgate/agentgate/platforms/discord/discordtest"
+	httpplatform "github.com/agentgate/agentgate/platforms/http"
+)
+
+// TestAgentControlCharactersReachNoChat: an exec command's reply with control characters, a NUL
+// and a byte that is not UTF-8 reaches Discord (the fake, which strips and refuses as Discord
+// does) and the HTTP API without the control characters but tab, line feed, carriage return and
+// ESC, its NUL and its bad byte as U+FFFD, and the transcript stores what was sent. A reply of
+// nothing but control characters is an empty reply: nothing is posted, and it is not refused.
+// Before, Discord got "a\x07b…", and refused the reply of control characters as empty (50006),
+// which was logged at ERR as refused for good, and recorded failed.
+func TestAgentControlCharactersReachNoChat(t *testing.T) {
+	const (
+		dm   = "300000000000000001"
+		want = "ab\uFFFDc\uFFFDd\x1b[1mbold\x1b[0m\r\nend\tx"
+	)
+	srv := discordtest.New(t)
+	srv.AddChannel(discordtest.Channel{ID: dm, Type: discordgo.ChannelTypeDM})
+	t.Setenv("AGTEST_BOT_TOKEN", srv.Token())
+	// The message "first" is answered with control characters only, any other with text
+	// holding them.
+	agent := MustExecAgent(t, `if grep -q '"text":"first"'; then printf '\007\010\001\177\n'; else printf 'a\007b\000c\377d\033[1mbold\033[0m\r\nend\t\302\205x\n'; fi`)
+	var logs testutil.Buffer
+	r := MustStartDaemon(t, agent, daemonOpts{logs: &logs, tweak: func(c *config.Config) {
+		c.HTTP.Addr = "127.0.0.1:23040"
+		c.Platforms.Discord.Enabled, c.Platforms.Discord.APIURL = true, srv.APIURL()
+		c.Platforms.Discord.TokenEnv = "AGTEST_BOT_TOKEN"
+	}})
+	defer r.stop(t)
+	srv.WaitReady(t)
+
+	// replies waits until key's session has n replies, and returns their texts as stored.
+	replies := func(key string, n int) []string {
+		t.Helper()
+		var texts []string
+		waitUntil(t, func() bool {
+			ss, err := r.d.store.SessionsOfKey(t.Context(), key, 10)
+			if err != nil || len(ss) != 1 {
+				return false
+			}
+			msgs, err := r.d.store.Transcript(t.Context(), ss[0].ID)
+			if err != nil {
+				return false
+			}
+			texts = nil
+			for _, m := range msgs {
+				if m.Role == persistence.RoleAssistant {
+					texts = append(texts, m.Content)
+				}
+			}
+			return len(texts) >= n
+		})
+		return texts
+	}
+	wantStored := []string{"", want}
+
+	t.Run("discord", func(t *testing.T) {
+		alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
+		key := "agent:main:discord:dm:" + dm
+		srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "first"})
+		replies(key, 1)
+		srv.Post(discordtest.UserMessage{ChannelID: dm, Author: alice, Content: "second"})
+		srv.WaitSent(t, dm, 1) // the reply to second, posted after the first's (one queue)
+		if got := srv.Posted(dm); !slices.Equal(got, []string{want}) {
+			t.Errorf("posted %q, want only %q", got, want)
+		}
+		if got := replies(key, 2); !slices.Equal(got, wantStored) {
+			t.Errorf("stored replies %q, want %q", got, wantStored)
+		}
+		if l := logs.String(); strings.Contains(l, "refused the message for good") {
+			t.Errorf("a reply was refused:\n%s", grepLines(l, "refused the message for good"))
+		}
+	})
+
+	t.Run("http", func(t *testing.T) {
+		key := "agent:main:http:dm:ctl"
+		for i, id := range []string{"first", "second"} {
+			if status, b := r.postMessage(t, map[string]string{"chat_id": "ctl", "user_id": "ann", "text": id, "message_id": id}); status != http.StatusAccepted {
+				t.Fatalf("POST %s = %d %s", id, status, b)
+			}
+			replies(key, i+1)
+		}
+		resp, err := http.Get("http://" + r.d.Addr().String() + "/v1/sessions/" + key + "/transcript")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET transcript = %d %v", resp.StatusCode, err)
+		}
+		if !utf8.Valid(b) {
+			t.Errorf("the transcript's body is not UTF-8: %q", b)
+		}
+		var page httpplatform.Transcript
+		if err := json.Unmarshal(b, &page); err != nil {
+			t.Fatalf("transcript body %s: %v", b, err)
+		}
+		var got []string
+		for _, m := range page.Messages {
+			if m.Role == persistence.RoleAssistant {
+				got = append(got, m.Text)
+			}
+		}
+		if !slices.Equal(got, wantStored) {
+			t.Errorf("the transcript's replies %q, want %q", got, wantStored)
+		}
+		if got := replies(key, 2); !slices.Equal(got, wantStored) {
+			t.Errorf("stored replies %q, want %q", got, wantStored)
+		}
+	})
+}
+
+// TestDraftShowsNoControlCharacters: a streaming reply's draft shows its text as the final reply
+// will (shownText): without control characters, its NUL as U+FFFD; a text of control
+// characters only posts no draft. Before, the draft showed them as the agent gave them, and
+// was refused by Discord as empty when there was nothing else.
+func TestDraftShowsNoControlCharacters(t *testing.T) {
+	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("\x07\x08")
+		req.Partial("a\x07b\x00c")
+		return &agents.Response{Text: "a\x07b\x00c d"}, nil
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+	defer r.stop(t)
+	r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
+	ds := r.editor.Drafts()
+	if want := []string{"ab\uFFFDc", "ab\uFFFDc d"}; len(ds) != 1 || !slices.Equal(ds[0].Texts, want) {
+		t.Errorf("drafts = %+v, want one showing %q", ds, want)
+	}
+}
