@@ -524,10 +524,13 @@ func bodyText(raw []byte) (text string, page, ok bool) {
 // stringHead decodes the JSON string s (a whole one, valid: its quotes and escapes) as far as
 // its first n bytes reach, without cutting an escape or a character: a stream's error event
 // may be a string of 32 MiB, which bodyText reads only the start of. A surrogate pair cut in two decodes to
-// U+FFFD.
+// U+FFFD. A text it cuts ends at its last white space when that is no more than wordCut bytes
+// (and a quarter of the text) before the cut: a word cut off, then shown in the error, read as
+// another word (TestStringHeadCutsAtAWordEnd).
 func stringHead(s []byte, n int) []byte {
 	end := len(s) - 1 // the closing quote
-	if end > n {
+	cut := end > n
+	if cut {
 		i := 1
 		for i < n {
 			_, step := utf8.DecodeRune(s[i:])
@@ -548,8 +551,16 @@ func stringHead(s []byte, n int) []byte {
 	if json.Unmarshal(append(s[:end:end], '"'), &text) != nil {
 		return nil // not reached for a valid string
 	}
+	if cut {
+		if i := strings.LastIndexAny(text, " \t\n\r"); i >= 0 && len(text)-i <= min(wordCut, len(text)/4) {
+			text = text[:i]
+		}
+	}
 	return []byte(text)
 }
+
+// wordCut is how far before the end of a text stringHead cut it looks for the end of a word.
+const wordCut = 64
 
 // pageText is what a web page, raw, shows a reader: the text of its elements (its title's
 // first), without its tags, comments, scripts and styles, with its entities decoded; the

@@ -69,3 +69,31 @@ func FuzzStringHead(f *testing.F) {
 		}
 	})
 }
+
+// TestStringHeadCutsAtAWordEnd: a JSON string longer than the bound is cut at its last white
+// space before the bound when that is close (within wordCut bytes and a quarter of the text),
+// else where the bound falls; one within the bound is whole.
+func TestStringHeadCutsAtAWordEnd(t *testing.T) {
+	long := strings.Repeat("x", 200)
+	for _, tc := range []struct {
+		name, s string
+		n       int
+		want    string
+	}{
+		{"words", "model overloaded, try again later", 26, "model overloaded, try"},
+		{"a line", "model overloaded\ntry again later", 22, "model overloaded"},
+		{"whole", "model overloaded", 40, "model overloaded"},
+		{"a word too long", "error: " + long, 100, "error: " + long[:92]},
+		{"a space too early", "a bcdefghijklmnop", 12, "a bcdefghij"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			enc, err := json.Marshal(tc.s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(stringHead(enc, tc.n)); got != tc.want {
+				t.Errorf("stringHead(%s, %d) = %q, want %q", enc, tc.n, got, tc.want)
+			}
+		})
+	}
+}
