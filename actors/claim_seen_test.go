@@ -77,8 +77,9 @@ func TestRacingClaimsOfOneSeenClaimRunTheMessageOnce(t *testing.T) {
 		if own, err := w.store.Ownership(w.ctx, w.key); err != nil || own.Owner != "a" || own.Epoch != 1 {
 			t.Errorf("the key's claim while a ran m1: %+v (%v), want a's, epoch 1, the only one", own, err)
 		}
-		if !strings.Contains(logs.String(), "another member claimed the session since this one looked up its claim") {
-			t.Errorf("no line says c's claim was refused; logs:\n%s", logs.String())
+		if l := linesWith(logs, "another member claimed the session since this one looked up its claim"); len(l) != 1 ||
+			!strings.Contains(l[0], "claimed_by=a") {
+			t.Errorf("lines that say c's claim was refused: %q, want one that names a; logs:\n%s", l, logs.String())
 		}
 		close(release)
 		for _, f := range []*actor.Future{slow, other} {

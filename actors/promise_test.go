@@ -3,7 +3,6 @@ package actors
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,7 +130,7 @@ func (s promisedStore) Claim(ctx context.Context, key, owner string, at time.Tim
 		return persistence.Claimed{}, err
 	}
 	if *seen != latest {
-		return persistence.Claimed{}, fmt.Errorf("claim %s: %w: not epoch %d of %q", key, persistence.ErrClaimChanged, seen.Epoch, seen.Owner)
+		return persistence.Claimed{}, &persistence.ClaimChangedError{Key: key, Seen: *seen, Latest: &latest}
 	}
 	return s.Store.Claim(ctx, key, owner, at, &row)
 }

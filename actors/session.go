@@ -603,11 +603,41 @@ func (s *Session) load(c actor.Context) {
 // made it, whose session holds the key, and claims it once that member lets go. Before, the claim
 // went through beside the other's, and the key's pending message ran on both members
 // (TestRacingClaimsOfOneSeenClaimRunTheMessageOnce).
+//
+// The claim that came since may also be an operator's (`agentgate sessions reset` with no
+// member answering) or this member's own: a claim of this session whose answer was lost (the
+// store committed it, and the session's wait to load ran it again on the same condition). Its
+// line says which (claimedLine): before, it said another member had claimed the key in every
+// case (TestRefusedClaimSaysWhoClaimedTheKey).
 func (s *Session) claimedMeanwhile(c actor.Context, err error) {
-	s.logger().Info("another member claimed the session since this one looked up its claim; the key is activated again", logging.Err(err))
+	msg, args := s.claimedLine(err)
+	s.logger().Info(msg, append(args, logging.Err(err))...)
 	s.stale = true
 	s.handOverAll(c, errHandedOver)
 	s.stopWhenSettled(c)
+}
+
+// claimedLine returns the line, and its attributes, of a claim the store refused on its
+// condition (err): who made the claim that came since, as the store's refusal names it
+// (persistence.ClaimChangedError).
+func (s *Session) claimedLine(err error) (string, []any) {
+	var refusal *persistence.ClaimChangedError
+	if !errors.As(err, &refusal) || refusal.Latest == nil {
+		// The store could not read the claim that came since (PostgreSQL reads it after the
+		// refusal).
+		return "the session was claimed again since this member looked up its claim; the key is activated again", nil
+	}
+	latest := refusal.Latest
+	switch latest.Owner {
+	case persistence.ResetClaimOwner:
+		return "an operator's reset (agentgate sessions reset) claimed the session since this member looked up its claim; the key is activated again",
+			[]any{"epoch", latest.Epoch}
+	case s.d.Node:
+		return "this member's own claim of the session came since it looked up the claim (a claim whose answer was lost); the key is activated again",
+			[]any{"epoch", latest.Epoch}
+	}
+	return "another member claimed the session since this one looked up its claim; the key is activated again",
+		[]any{"claimed_by", latest.Owner, "epoch", latest.Epoch}
 }
 
 // Waiting for the store. While the spool holds writes the database does not show them yet, and

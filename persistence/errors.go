@@ -1,6 +1,9 @@
 package persistence
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors of the persistence layer.
 var (
@@ -43,3 +46,28 @@ var (
 	// that they wait in the spool.
 	ErrFileGone = errors.New("persistence: database file deleted or replaced")
 )
+
+// ClaimChangedError is the error of a claim refused on its condition (Store.Claim's seen): it is
+// ErrClaimChanged (errors.Is), and says which claim came since, so that the refused session's
+// line says who claimed the key: another member, an operator's reset (ResetClaimOwner), or the
+// claimer's own member (its earlier claim, whose answer was lost). Before, the line always said
+// another member had.
+type ClaimChangedError struct {
+	Key string
+	// Seen is the claim the claimer looked up: the condition that no longer holds.
+	Seen ClaimSeen
+	// Latest is the key's latest claim, the one that came since; nil when the store could not
+	// read it (PostgreSQL reads it after the refusal, in a round trip of its own).
+	Latest *ClaimSeen
+}
+
+func (e *ClaimChangedError) Error() string {
+	if e.Latest == nil {
+		return fmt.Sprintf("claim %s: %v: not epoch %d of %q", e.Key, ErrClaimChanged, e.Seen.Epoch, e.Seen.Owner)
+	}
+	return fmt.Sprintf("claim %s: %v: epoch %d of %q, not epoch %d of %q", e.Key, ErrClaimChanged,
+		e.Latest.Epoch, e.Latest.Owner, e.Seen.Epoch, e.Seen.Owner)
+}
+
+// Unwrap makes the error ErrClaimChanged.
+func (e *ClaimChangedError) Unwrap() error { return ErrClaimChanged }

@@ -459,6 +459,11 @@ type ClaimSeen struct {
 	Owner string
 }
 
+// ResetClaimOwner is the owner `agentgate sessions reset` claims a cluster's session key as when
+// no member answers it (it ends the session in the store itself): a claim of this owner is an
+// operator's, not a member's.
+const ResetClaimOwner = "agentgate sessions reset"
+
 // Claimed is the outcome of Store.Claim.
 type Claimed struct {
 	Epoch int64

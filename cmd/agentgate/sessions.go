@@ -650,7 +650,7 @@ func sessionsReset(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// so that a member running it after all hands over at its next write (and the next
 		// activation loads the ended session), and load the state after the claim. A turn
 		// such a member runs is not cancelled: its result is fenced.
-		claimed, err := st.Claim(ctx, key, "agentgate sessions reset", time.Now(), nil)
+		claimed, err := st.Claim(ctx, key, persistence.ResetClaimOwner, time.Now(), nil)
 		if err != nil {
 			return fmt.Errorf("reset %s: %w", shown, err)
 		}

@@ -169,12 +169,13 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen
 		// The claim that came since, for the line that says the claim was refused (a round
 		// trip on a refusal only; the SQLite store names it too): without it, the line said
 		// only what this member saw, not who claimed the key (TestConformance/ConditionalClaim).
+		refused := &persistence.ClaimChangedError{Key: key, Seen: *seen}
 		var latest persistence.ClaimSeen
-		if err := s.pool.QueryRow(ctx, ownerSQL, key).Scan(&latest.Epoch, &latest.Owner); err == nil {
-			return persistence.Claimed{}, fmt.Errorf("claim %s: %w: epoch %d of %q, not epoch %d of %q", key, persistence.ErrClaimChanged,
-				latest.Epoch, latest.Owner, seen.Epoch, seen.Owner)
+		// (No row: the key was never claimed, the zero ClaimSeen, as SQLite's says.)
+		if err := s.pool.QueryRow(ctx, ownerSQL, key).Scan(&latest.Epoch, &latest.Owner); err == nil || errors.Is(err, pgx.ErrNoRows) {
+			refused.Latest = &latest
 		}
-		return persistence.Claimed{}, fmt.Errorf("claim %s: %w: not epoch %d of %q", key, persistence.ErrClaimChanged, seen.Epoch, seen.Owner)
+		return persistence.Claimed{}, refused
 	}
 	if sessionID != nil {
 		c.Counted = &persistence.CountedMessage{Key: key, SessionID: *sessionID, MessageID: *messageID, Attempts: *attempts}

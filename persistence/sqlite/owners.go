@@ -26,7 +26,7 @@ const (
 func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen *persistence.ClaimSeen) (persistence.Claimed, error) {
 	c, err := s.claim(ctx, key, owner, at, seen)
 	if errors.Is(err, persistence.ErrClaimChanged) {
-		return persistence.Claimed{}, fmt.Errorf("claim %s: %w", key, err)
+		return persistence.Claimed{}, err // (a *persistence.ClaimChangedError, which names the key)
 	}
 	if err != nil {
 		return persistence.Claimed{}, s.unavailable(fmt.Errorf("claim %s: %w", key, err))
@@ -58,7 +58,7 @@ func (s *Store) claim(ctx context.Context, key, owner string, at time.Time, seen
 		return c, err
 	}
 	if seen != nil && *seen != latest {
-		return c, fmt.Errorf("%w: epoch %d of %q, not epoch %d of %q", persistence.ErrClaimChanged, latest.Epoch, latest.Owner, seen.Epoch, seen.Owner)
+		return c, &persistence.ClaimChangedError{Key: key, Seen: *seen, Latest: &latest}
 	}
 	c.Previous = latest.Owner
 	if err := tx.QueryRowContext(ctx, claimSQL, key, owner, timeArg(at)).Scan(&c.Epoch); err != nil {

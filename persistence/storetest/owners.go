@@ -151,6 +151,26 @@ func testConditionalClaim(t *testing.T, s persistence.Store) {
 	if _, err := s.Claim(ctx, "k1", "member-x", at(9), never); err == nil || !strings.Contains(err.Error(), `epoch 1 of "member-a"`) {
 		t.Errorf("refused claim of k1: %v; want it to name the key's latest claim, epoch 1 of \"member-a\"", err)
 	}
+	// ... as a *persistence.ClaimChangedError, from which the session's line tells another
+	// member's claim from an operator's reset and its own member's.
+	for _, c := range []struct {
+		key    string
+		seen   persistence.ClaimSeen
+		latest persistence.ClaimSeen
+	}{
+		{"k1", persistence.ClaimSeen{}, persistence.ClaimSeen{Epoch: 1, Owner: "member-a"}},
+		{"k1", persistence.ClaimSeen{Epoch: 1, Owner: "member-b"}, persistence.ClaimSeen{Epoch: 1, Owner: "member-a"}},
+		{"k2", persistence.ClaimSeen{Epoch: 1, Owner: "member-a"}, persistence.ClaimSeen{}}, // never claimed
+	} {
+		_, err := s.Claim(ctx, c.key, "member-x", at(9), &c.seen)
+		var refusal *persistence.ClaimChangedError
+		if !errors.As(err, &refusal) {
+			t.Errorf("Claim(%s, seen %+v) = %v; want a *persistence.ClaimChangedError", c.key, c.seen, err)
+			continue
+		}
+		diff(t, fmt.Sprintf("refusal of Claim(%s, seen %+v)", c.key, c.seen), refusal,
+			&persistence.ClaimChangedError{Key: c.key, Seen: c.seen, Latest: &c.latest})
+	}
 	refused("k1 seen at an older epoch", "k1", &persistence.ClaimSeen{Epoch: 0, Owner: "member-a"})
 	refused("k1 seen at a later epoch", "k1", &persistence.ClaimSeen{Epoch: 2, Owner: "member-a"})
 	refused("k2, never claimed, seen claimed", "k2", &persistence.ClaimSeen{Epoch: 1, Owner: "member-a"})
