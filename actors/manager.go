@@ -1532,7 +1532,9 @@ func (m *SessionManager) recover(c actor.Context, key string, hops int32) {
 		return
 	}
 	// In a cluster a Recover follows a change of membership: the key moved, and its work is
-	// no restart's to answer with a notice (sessions.recovery: notice), it runs.
+	// no restart's to answer with a notice (sessions.recovery: notice), it runs. (Nor can a
+	// Recover tell a dead member's work from that of one that left cleanly.) The lines of a
+	// member's turns a stop cut short say so (Session.atNextStart).
 	m.activate(c, key, !m.d.Clustered)
 	if a := m.activating[key]; a != nil {
 		m.recovers(a, hops) // given up, the activation hands the Recover on, hops and all (cancelActivation)

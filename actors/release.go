@@ -87,6 +87,9 @@ type activation struct {
 	holder  *actor.PID            // a manager that holds the key: requests go there meanwhile
 	held    []routed              // requests for the session once it starts
 	recover bool                  // a Recover came meanwhile (the session loads the work anyway)
+	// recovered: the activation recovers the key's work at a start (activate's recovered), which
+	// its session answers with notices under sessions.recovery: notice (NewSession).
+	recovered bool
 	// recoverHops is how many members forwarded that Recover here, the most of those that
 	// came while the member leaves (recovers): handed on (cancelActivation), it keeps its count
 	// (mayHandOn).
@@ -136,8 +139,12 @@ type askAgain struct {
 
 // activate starts the session of key and hands it rs, once no other member holds the key; in a
 // single daemon at once. recovered marks the activation that recovers the key's work at daemon
-// start (NewSession). A cluster member alone in its view asks the key's holder in the store all
-// the same: it is the member most likely not to know yet of one that joined.
+// start (NewSession), which the activation carries to its session once the others let go
+// (activated; before, it was dropped there). No cluster member's activation is one today: a
+// cluster's Recover follows any change of membership, a member that left cleanly too, and its
+// work runs whatever sessions.recovery says (recover; TestCutShortLineSaysWhatBecomesOfTheMessages).
+// A cluster member alone in its view asks the key's holder in the store all the same: it is the
+// member most likely not to know yet of one that joined.
 func (m *SessionManager) activate(c actor.Context, key string, recovered bool, rs ...routed) {
 	if m.d.Placement == nil {
 		pid := m.spawnWith(c, key, recovered, nil)
@@ -149,7 +156,7 @@ func (m *SessionManager) activate(c actor.Context, key string, recovered bool, r
 	peers := m.d.Placement.Peers()
 	m.activations++
 	a := &activation{id: m.activations, asked: make(map[string]*actor.PID, len(peers)), peers: peers, lookup: true,
-		owner: m.elsewhere(key) == nil}
+		owner: m.elsewhere(key) == nil, recovered: recovered}
 	for _, p := range peers {
 		a.asked[p.String()] = p
 	}
@@ -653,7 +660,7 @@ func (m *SessionManager) activated(c actor.Context, key string) {
 	if a.promisedTo != nil {
 		m.forgetPromise(key, a.promisedTo) // this session's claim takes the key back
 	}
-	pid := m.spawnWith(c, key, false, a.seen)
+	pid := m.spawnWith(c, key, a.recovered, a.seen)
 	for _, r := range a.held {
 		m.forward(c, pid, r)
 	}

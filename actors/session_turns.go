@@ -529,8 +529,17 @@ func (s *Session) logTurnFailed(r *turnRun, err error) {
 // atNextStart says, for the lines of a stop that cuts turns short, what becomes of their
 // messages: they run again at the next start, or with sessions.recovery: notice are answered
 // with a notice then. Before, the lines said they run again in either case (found by a review).
+// A cluster member's run again on the member that takes the session over, or at the cluster's
+// next start, whatever sessions.recovery says: a cluster's recovery (Recover) runs the work, as
+// its manager activates a key not as a recovery (SessionManager.recover), since a Recover there
+// follows any change of membership, a member that left cleanly too, whose work no notice may
+// answer. Before, a member's line said they would be answered with a notice, and they ran
+// (TestCutShortLineSaysWhatBecomesOfTheMessages; the supervisor's drain line said so already).
 func (s *Session) atNextStart() string {
-	if s.d.Config.Recovery == RecoveryNotice {
+	switch {
+	case s.d.Clustered:
+		return "run again on the member that takes their session over, or at the next start"
+	case s.d.Config.Recovery == RecoveryNotice:
 		return "are answered at the next start with a notice instead of run (sessions.recovery: notice)"
 	}
 	return "run again at the next start"
