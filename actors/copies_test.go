@@ -1,13 +1,18 @@
 package actors
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/agentgate/agentgate/agents"
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/persistence/storetest"
 	"github.com/agentgate/agentgate/platforms"
@@ -194,6 +199,136 @@ func TestCopyOfAWriteRefusedBeforeAResumeMarksNoOtherMessage(t *testing.T) {
 				}
 				if got := w.answersStored(t, "z"); !slices.Equal(got, []string{"answered z"}) {
 					t.Errorf("z answered %q, want once, by its turn", got)
+				}
+			})
+		})
+	}
+}
+
+// scriptAgent answers every turn ("answered <message id>"), fails the turns of "fail" and
+// declines, as a model endpoint's content policy does (agents.Refusal.Declined), those of
+// "#policy"; it records each turn's history by its message id.
+type scriptAgent struct {
+	mu      sync.Mutex
+	history map[string][]agents.Message
+}
+
+func (a *scriptAgent) Run(_ context.Context, req *agents.Request) (*agents.Response, error) {
+	a.mu.Lock()
+	if a.history == nil {
+		a.history = map[string][]agents.Message{}
+	}
+	a.history[req.Identity.MessageID] = req.History
+	a.mu.Unlock()
+	switch req.Messages[len(req.Messages)-1].Text {
+	case "fail":
+		return nil, errors.New("agent: exit status 1 (test)")
+	case "#policy":
+		return nil, &agents.Refusal{Notice: "its model endpoint declined this message (its content policy)", Declined: true,
+			Err: errors.New("model endpoint answered 400 Bad Request: safety system (test)")}
+	}
+	return &agents.Response{Text: "answered " + req.Identity.MessageID}, nil
+}
+
+// historyOf returns the texts of the user messages of the history the turn of message id saw.
+func (a *scriptAgent) historyOf(id string) (texts []string, ran bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h, ran := a.history[id]
+	for _, m := range h {
+		if m.Role == persistence.RoleUser {
+			texts = append(texts, m.Text)
+		}
+	}
+	return texts, ran
+}
+
+// spoolTwice delivers id (text) while the database fails, first through the leaky spool, which
+// keeps the write and reports it failed, then again, as its sender sends it, under a later seq:
+// its write is in the spool twice. It returns the second delivery's result.
+func spoolTwice(t *testing.T, w *managerWorld, out *storetest.Outage, leaky *leakySpool, id, text string) *DeliverResult {
+	t.Helper()
+	out.Down.Store(true)
+	leaky.leak.Store(true)
+	if r := w.deliver(t, id, text); r.ErrorCode != "unavailable" {
+		t.Fatalf("%s, whose spool append is reported failed: %+v, want unavailable", id, r)
+	}
+	leaky.leak.Store(false)
+	r := w.deliver(t, id, text)
+	if r.ErrorCode != "" {
+		t.Fatalf("%s sent again: %+v, want it taken", id, r)
+	}
+	return r
+}
+
+// TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy: a message whose write is in the spool
+// twice (spoolTwice), which ran from memory under its later seq, is taken back from the
+// conversation by /undo, by /retry (which runs its text again under the /retry's id) and, as a
+// rider of a turn the agent declined after its own turn failed, by the declined turn's notice:
+// the archive covers the earlier copy's seq, the one the replay stored. After a restart its row
+// is archived and the next turn's history does not hold it (once, for /retry: the retried
+// row). Before, the archive named the later seq only, which the database never held: the
+// message the user took back came back in the conversation at the next load, and the declined
+// rider was sent to the agent again.
+func TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy(t *testing.T) {
+	for _, how := range []string{"/undo", "/retry", "declined"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &storetest.Outage{}
+				leaky := &leakySpool{}
+				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				a := &scriptAgent{}
+				w, _ := spoolWorldThrough(t, dir, out, a, through)
+				w.deliver(t, "m0", "m0")
+				w.awaitTurnEnds(1)
+				text := "x"
+				if how == "declined" {
+					text = "fail"
+				}
+				if r := spoolTwice(t, w, out, leaky, "x", text); r.Disposition != platforms.Started {
+					t.Fatalf("x sent again: %+v, want started", r)
+				}
+				w.awaitTurnEnds(1)
+				switch how {
+				case "declined":
+					w.deliver(t, "d", "#policy")
+					if got := w.answerTo("d"); !strings.Contains(got, "with the earlier message sent along with it") {
+						t.Fatalf("d answered %q, want the notice of a declined turn with x its rider", got)
+					}
+				case "/retry":
+					mustCommand(t, w, "c1", how)
+					if got := w.answerTo("c1"); got != "answered c1" {
+						t.Fatalf("/retry answered %q, want its turn's answer", got)
+					}
+				default:
+					mustCommand(t, w, "c1", how)
+				}
+				out.Down.Store(false)
+				time.Sleep(2 * time.Second) // the spool replayed
+				synctest.Wait()
+				if w.d.Spooling.Load() {
+					t.Fatal("the spool did not drain")
+				}
+				w.stop()
+				synctest.Wait()
+
+				w, _ = spoolWorldThrough(t, dir, out, a, through)
+				w.deliver(t, "w", "w")
+				w.answerTo("w")
+				got, ran := a.historyOf("w")
+				if !ran {
+					t.Fatal("w did not run after the restart")
+				}
+				want := []string{"m0"}
+				if how == "/retry" {
+					want = append(want, text) // the retried row, once
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("the user messages w's turn saw after the restart = %q, want %q", got, want)
+				}
+				if m := w.rowOf(t, "x"); m.Active || !m.Archived {
+					t.Errorf("x's row after %s = %+v, want archived, out of the conversation", how, m)
 				}
 			})
 		})

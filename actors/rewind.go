@@ -46,8 +46,8 @@ func (s *Session) undo(src identity.Source) ([]persistence.Op, string) {
 		return nil, ""
 	}
 	seqs := make([]int64, 0, len(s.history)-i)
-	for _, h := range s.history[i:] {
-		seqs = append(seqs, h.seq)
+	for j := range s.history[i:] {
+		seqs = s.history[i+j].seqs(seqs) // and an earlier copy's (histEntry.copy)
 	}
 	preview := preview(s.history[i].raw)
 	s.history = slices.Clone(s.history[:i])

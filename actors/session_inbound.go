@@ -288,13 +288,22 @@ func (s *Session) noteCopy(it *item) {
 	u.copies[it.messageID] = seqOf{e.sessionID, e.seq}
 }
 
+// copyOf returns the seq of an earlier copy of it's write that may be stored too (noteCopy), 0
+// when there is none.
+func (s *Session) copyOf(it *item) int64 {
+	if u := s.unusual; u != nil && len(u.copies) > 0 {
+		if e, ok := u.copies[it.messageID]; ok && e.sessionID == it.sessionID && e.seq != it.seq {
+			return e.seq
+		}
+	}
+	return 0
+}
+
 // seqsOf returns the seqs of it's rows: its own, and an earlier copy's that may be stored too
 // (noteCopy).
 func (s *Session) seqsOf(it *item) []int64 {
-	if u := s.unusual; u != nil {
-		if e, ok := u.copies[it.messageID]; ok && e.sessionID == it.sessionID && e.seq != it.seq {
-			return []int64{it.seq, e.seq}
-		}
+	if e := s.copyOf(it); e != 0 {
+		return []int64{it.seq, e}
 	}
 	return []int64{it.seq}
 }
@@ -313,8 +322,8 @@ func (s *Session) itemSeqs(items []*item) []int64 {
 	}
 	if u := s.unusual; u != nil && len(u.copies) > 0 {
 		for _, it := range items {
-			if e, ok := u.copies[it.messageID]; ok && e.sessionID == it.sessionID && e.seq != it.seq {
-				seqs = append(seqs, e.seq)
+			if e := s.copyOf(it); e != 0 {
+				seqs = append(seqs, e)
 			}
 		}
 	}

@@ -84,7 +84,7 @@ func (s *Session) tryStart(c actor.Context) {
 	for _, it := range group {
 		msg := s.agentMessage(it)
 		req.Messages = append(req.Messages, msg)
-		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: msg, sender: it.src.UserID})
+		s.history = append(s.history, s.histOf(it, msg))
 	}
 	req.Partial = s.partial(c, turnID, group)
 	var note string
@@ -290,7 +290,7 @@ func (s *Session) supersede(c actor.Context, it *item) bool {
 	cut := slices.Clone(ahead)
 	s.queue = []*item{it}
 	for _, q := range cut { // the next turn sees them, as it sees a cut turn's
-		s.history = append(s.history, histEntry{seq: q.seq, raw: q.text, msg: s.agentMessage(q), sender: q.src.UserID})
+		s.history = append(s.history, s.histOf(q, s.agentMessage(q)))
 	}
 	s.trimHistory()
 	s.cutShort(c, cut, newID("t_"))
@@ -375,10 +375,32 @@ func persistFromRow(m persistence.Message) agents.Message {
 
 // histEntry is one message of the in-memory transcript buffer.
 type histEntry struct {
-	seq    int64
+	seq int64
+	// copy is the seq of an earlier copy of a user message's write that the store may hold in
+	// place of seq's row (noteCopy), 0 when none: what takes the message back out of the
+	// conversation (/undo, /retry, a declined turn's riders) archives both (seqs).
+	copy   int64
 	raw    string // the authored text (msg.Text may carry a sender prefix)
 	msg    agents.Message
 	sender string // a user message's user id: /undo and /retry take back only the caller's own
+}
+
+// histOf is the history entry of it, a message the agent is sent as msg, with the seq of an
+// earlier copy of its write the store may hold (noteCopy). The session forgets the copy once
+// the write that gives the message its final status lands (forgetCopies), but the rewinds
+// come later: before, they archived the later seq only, which the database never held, and the
+// message the user took back came back in the conversation at the next load
+// (TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy).
+func (s *Session) histOf(it *item, msg agents.Message) histEntry {
+	return histEntry{seq: it.seq, copy: s.copyOf(it), raw: it.text, msg: msg, sender: it.src.UserID}
+}
+
+// seqs appends h's seqs to seqs: its own, and its earlier copy's (histEntry.copy).
+func (h *histEntry) seqs(seqs []int64) []int64 {
+	if h.copy != 0 {
+		return append(seqs, h.seq, h.copy)
+	}
+	return append(seqs, h.seq)
 }
 
 // agentHistory is the buffer as the agent sees it.
@@ -463,7 +485,7 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 	k := min(m.Steered, len(r.steered))
 	for _, it := range r.steered[:k] {
 		r.items = append(r.items, it)
-		s.history = append(s.history, histEntry{seq: it.seq, raw: it.text, msg: s.agentMessage(it), sender: it.src.UserID})
+		s.history = append(s.history, s.histOf(it, s.agentMessage(it)))
 	}
 	s.queue = append(slices.Clone(r.steered[k:]), s.queue...)
 	s.d.Metrics.TurnDuration.Observe(m.Took.Seconds())
@@ -497,19 +519,20 @@ func (s *Session) onTurnEnded(c actor.Context, m *TurnFinished) {
 		s.logTurnFailed(r, m.Err)
 		s.giveBackNote(r)
 		var archive, riders []int64
+		var n int
 		switch ref, _ := errors.AsType[*agents.Refusal](m.Err); {
 		case ref != nil && ref.Declined:
-			riders = s.leaveOut(r, true)
+			riders, n = s.leaveOut(r, true)
 			archive = append(s.itemSeqs(r.items), riders...)
 		}
-		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err, len(riders)), persistence.StatusFailed, m.Usage, archive)
+		s.finish(c, r, persistence.RoleNotice, failedNotice(r.id, m.Err, n), persistence.StatusFailed, m.Usage, archive)
 	} else {
 		s.d.Metrics.TurnsTotal.WithLabelValues("ok").Inc()
 		var archive []int64
 		if m.RidersLeftOut {
 			// The agent answered without them, once the endpoint had refused the request
 			// with them (agents.Response.RidersLeftOut): its reply says so.
-			archive = s.leaveOut(r, false)
+			archive, _ = s.leaveOut(r, false)
 		}
 		s.finish(c, r, persistence.RoleAssistant, m.Text, persistence.StatusDone, m.Usage, archive)
 	}
@@ -579,26 +602,27 @@ func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 // otherwise stays in the history of later turns, merged into the next user message, and every
 // later message was sent with it and declined too, until /new. The user messages right before
 // the turn's, which no reply follows (their turns failed, or an interrupt cut them short), go
-// with them, and leaveOut returns their seqs: they rode in the declined request, merged into its
+// with them, and leaveOut returns their seqs (an earlier copy's too: histEntry.copy) and how
+// many they are: they rode in the declined request, merged into its
 // message, and may be what was declined; left in, they made the next message declined in its
 // turn (TestDeclinedRidersAreLeftOut). Of a turn the agent answered without them, once the
 // endpoint had refused the request with them (agents.Response.RidersLeftOut), only those go
 // (own is not set): a message the endpoint cannot take no longer rides along with every later
 // one (TestRefusedRidersAreLeftOut). finish archives all their rows, so that a reload leaves
 // them out as well.
-func (s *Session) leaveOut(r *turnRun, own bool) []int64 {
+func (s *Session) leaveOut(r *turnRun, own bool) (riders []int64, n int) {
 	if s.cur == nil || s.cur.ID != r.items[0].sessionID {
-		return nil // the buffer holds another session's messages
+		return nil, 0 // the buffer holds another session's messages
 	}
-	var riders []int64
 	first := slices.IndexFunc(s.history, func(h histEntry) bool { return h.seq == r.items[0].seq })
 	for i := first - 1; i >= 0 && s.history[i].msg.Role == persistence.RoleUser; i-- {
-		riders = append(riders, s.history[i].seq)
+		riders = s.history[i].seqs(riders) // and an earlier copy's (histEntry.copy)
+		n++
 	}
 	s.history = slices.DeleteFunc(s.history, func(h histEntry) bool {
 		return slices.Contains(riders, h.seq) || own && slices.ContainsFunc(r.items, func(it *item) bool { return it.seq == h.seq })
 	})
-	return riders
+	return riders, n
 }
 
 // maxTurnTokens bounds the tokens one turn may add to its session's totals.
