@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -333,4 +334,112 @@ func TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce: a message whose write is in
+// the spool twice (spoolTwice) and whose turn crashes its session every time is quarantined
+// after QuarantineAfter crashes, as any other, and answered once, by the quarantine notice;
+// the session goes on. Before, the crash of its later copy's turn was counted under the later
+// seq, which the session, loaded again from the store once the spool drained, did not hold: the
+// earlier copy's row counted from zero, the fourth crash was past the session's restart budget,
+// the key's next activation counted from zero again, and the message ran 7 times.
+func TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		out := &storetest.Outage{}
+		leaky := &leakySpool{}
+		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		a := newRequeueAgent()
+		booms := &boomCounter{Agent: a}
+		w, _ := spoolWorldThrough(t, dir, out, booms, through)
+		w.deliver(t, "m0", "m0")
+		w.awaitTurnEnds(1)
+		a.poisoned.Store(true)
+		if r := spoolTwice(t, w, out, leaky, "x", "boom"); r.Disposition != platforms.Started {
+			t.Fatalf("x sent again: %+v, want started", r)
+		}
+		synctest.Wait() // its turn crashed the session, which waits for the spool to load
+		out.Down.Store(false)
+		time.Sleep(time.Minute) // the spool replayed; the session loaded and ran x again
+		synctest.Wait()
+		if w.d.Spooling.Load() {
+			t.Fatal("the spool did not drain")
+		}
+		if n := booms.n.Load(); n != QuarantineAfter {
+			t.Errorf("x ran %d times, want %d (QuarantineAfter)", n, QuarantineAfter)
+		}
+		if m := w.rowOf(t, "x"); m.Status != persistence.StatusQuarantined {
+			t.Errorf("x's row = %+v, want quarantined", m)
+		}
+		if got := w.answersStored(t, "x"); len(got) != 1 || !strings.Contains(got[0], "quarantined") {
+			t.Errorf("x answered %q, want once, by the quarantine notice", got)
+		}
+		a.poisoned.Store(false)
+		if r := w.deliver(t, "y", "y"); r.Disposition != platforms.Started {
+			t.Fatalf("y after the quarantine: %+v, want started", r)
+		}
+		if got := w.answerTo("y"); got != "answered y" {
+			t.Errorf("y answered %q, want its turn's answer", got)
+		}
+	})
+}
+
+// boomCounter counts the turns of "boom" its Agent is given.
+type boomCounter struct {
+	agents.Agent
+	n atomic.Int32
+}
+
+func (b *boomCounter) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	if req.Messages[len(req.Messages)-1].Text == "boom" {
+		b.n.Add(1)
+	}
+	return b.Agent.Run(ctx, req)
+}
+
+// TestMessageSpooledTwiceRunningAtAStopIsNoticedOnce: a message whose write is in the spool twice
+// (spoolTwice), whose later copy's turn ran when the daemon stopped, is answered once at the
+// next start under sessions.recovery: notice, by the notice that it may have run, and does not
+// run; its row is failed and out of the conversation, and a start after that answers nothing
+// more.
+func TestMessageSpooledTwiceRunningAtAStopIsNoticedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		out := &storetest.Outage{}
+		leaky := &leakySpool{}
+		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		a := newRequeueAgent()
+		w, _ := spoolWorldThrough(t, dir, out, a, through)
+		w.deliver(t, "m0", "m0")
+		w.awaitTurnEnds(1)
+		if r := spoolTwice(t, w, out, leaky, "x", "hold"); r.Disposition != platforms.Started {
+			t.Fatalf("x sent again: %+v, want started", r)
+		}
+		w.stop() // x's turn is cut short; both its writes wait in the spool
+		synctest.Wait()
+		out.Down.Store(false)
+
+		for _, recovery := range []string{RecoveryNotice, RecoveryRerun} {
+			b := newRequeueAgent()
+			close(b.hold)
+			w, _ = spoolWorldThrough(t, dir, out, b, through, func(d *Deps) { d.Config.Recovery = recovery })
+			w.system.Root.Send(w.manager, &Routed{Key: w.key, Msg: &Recover{}})
+			time.Sleep(10 * time.Second)
+			synctest.Wait()
+			if w.d.Spooling.Load() {
+				t.Fatal("the spool did not drain")
+			}
+			if got := b.order(); len(got) > 0 {
+				t.Errorf("turns run at the start (recovery: %s) = %v, want none", recovery, got)
+			}
+			if got := w.answersStored(t, "x"); !slices.Equal(got, []string{MayHaveRunNotice}) {
+				t.Errorf("x answered %q after the start (recovery: %s), want once, by the notice that it may have run", got, recovery)
+			}
+			if m := w.rowOf(t, "x"); m.Status != persistence.StatusFailed || m.Active || !m.Archived {
+				t.Errorf("x's row = %+v after the start (recovery: %s), want failed and archived", m, recovery)
+			}
+			w.stop()
+			synctest.Wait()
+		}
+	})
 }

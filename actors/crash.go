@@ -53,6 +53,15 @@ func (s *Session) onRestarting(c actor.Context) {
 		s.cutTurnCounted(s.running, "crashed")
 		for _, it := range s.running.items {
 			life.suspects = append(life.suspects, it.seq)
+			// And an earlier copy's seq (noteCopy): the next incarnation loads the message
+			// from the store, which may hold it under that seq. Counted under the later seq
+			// alone, its first crash was lost, it crashed the session once more before its
+			// quarantine, past the restart budget, and the key's next activation counted
+			// from zero again: 7 crashes, not QuarantineAfter
+			// (TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce).
+			if seq := s.copyOf(it); seq != 0 {
+				life.suspects = append(life.suspects, seq)
+			}
 		}
 	}
 	// Inbound messages whose write is still in flight get an honest answer: we cannot know

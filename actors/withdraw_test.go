@@ -475,8 +475,9 @@ func spoolWorld(t *testing.T, dir string, out *storetest.Outage, a agents.Agent)
 }
 
 // spoolWorldThrough is spoolWorld whose spool is wrap's (one that fails on cue), when wrap is
-// not nil.
-func spoolWorldThrough(t *testing.T, dir string, out *storetest.Outage, a agents.Agent, wrap func(persistence.Spooler) persistence.Spooler) (*managerWorld, int) {
+// not nil; setup may change the Deps further.
+func spoolWorldThrough(t *testing.T, dir string, out *storetest.Outage, a agents.Agent, wrap func(persistence.Spooler) persistence.Spooler,
+	setup ...func(*Deps)) (*managerWorld, int) {
 	t.Helper()
 	opened, err := spool.Open(filepath.Join(dir, "spool"))
 	if err != nil {
@@ -489,7 +490,13 @@ func spoolWorldThrough(t *testing.T, dir string, out *storetest.Outage, a agents
 	}
 	var deps *Deps
 	return newManagerWorldWith(t, filepath.Join(dir, "agentgate.db"), a,
-		func(d *Deps) { deps, d.Config.QueueCap = d, 2; d.Spooling.Store(left > 0) },
+		func(d *Deps) {
+			deps, d.Config.QueueCap = d, 2
+			d.Spooling.Store(left > 0)
+			for _, f := range setup {
+				f(d)
+			}
+		},
 		out.Wrap,
 		func(o *persistence.ActorOptions) {
 			o.Spool, o.Spooling, o.ReplayEvery = sp, &deps.Spooling, time.Second
