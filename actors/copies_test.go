@@ -443,3 +443,67 @@ func TestMessageSpooledTwiceRunningAtAStopIsNoticedOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload: a message whose first write went to
+// the spool though the spool reported it failed, and which its sender sent again only after
+// another message (y) had run, is stored under its first write's seq, before y's rows (the
+// replay refuses the later copy as its duplicate). Reloaded, the conversation is in the order
+// the live session had it: y's exchange, then the message, whether its turn answered it (its
+// row moves to its answer) or failed (to its turn's notice). Before, a failed one came back
+// ahead of y's exchange, where it had not been: the agent saw it before y, and it no longer
+// rode with the next message.
+func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
+	for _, text := range []string{"x", "fail"} {
+		t.Run(text, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				out := &storetest.Outage{}
+				leaky := &leakySpool{}
+				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				a := &scriptAgent{}
+				w, _ := spoolWorldThrough(t, dir, out, a, through)
+				w.deliver(t, "m0", "m0")
+				w.awaitTurnEnds(1)
+				out.Down.Store(true)
+				leaky.leak.Store(true)
+				if r := w.deliver(t, "x", text); r.ErrorCode != "unavailable" {
+					t.Fatalf("x, whose spool append is reported failed: %+v, want unavailable", r)
+				}
+				leaky.leak.Store(false)
+				w.deliver(t, "y", "y")
+				w.answerTo("y")
+				if r := w.deliver(t, "x", text); r.Disposition != platforms.Started {
+					t.Fatalf("x sent again: %+v, want started", r)
+				}
+				w.answerTo("x")
+				w.deliver(t, "v", "v")
+				w.answerTo("v")
+				out.Down.Store(false)
+				time.Sleep(2 * time.Second) // the spool replayed
+				synctest.Wait()
+				if w.d.Spooling.Load() {
+					t.Fatal("the spool did not drain")
+				}
+				w.stop()
+				synctest.Wait()
+
+				w, _ = spoolWorldThrough(t, dir, out, a, through)
+				w.deliver(t, "w", "w")
+				w.answerTo("w")
+				a.mu.Lock()
+				live, reloaded := a.history["v"], a.history["w"]
+				a.mu.Unlock()
+				texts := func(h []agents.Message) (out []string) {
+					for _, m := range h {
+						out = append(out, m.Role+": "+m.Text)
+					}
+					return out
+				}
+				want := append(texts(live), "user: v", "assistant: answered v")
+				if got := texts(reloaded); !slices.Equal(got, want) {
+					t.Errorf("the history w's turn saw after the reload = %q, want the live one's order %q", got, want)
+				}
+			})
+		})
+	}
+}

@@ -13,13 +13,18 @@ import (
 // Q1 Q2 Q3 A1 A2 A3: the agent would see the questions together and then the answers (a model
 // agent joins neighbours of a role into one message), and /undo would take back Q3 with every
 // answer. Each answered user message moves to just before its turn's first reply; a row that
-// came while such messages waited for their replies (a message whose turn failed, which has no
-// reply to move to) moves to just after the last of those replies; every other row keeps its
-// place. rows is returned as is when nothing moves (nearly every activation).
+// came while such messages waited for their replies (a message whose turn failed before its
+// notice was written, which has no reply to move to) moves to just after the last of those
+// replies; every other row keeps its place. A failed turn's notice row counts as its reply: a
+// message whose write was in the spool twice (noteCopy) is stored under its earlier copy's
+// seq, before the rows that came between its two writes, and a failed one came back there at
+// the next load, ahead of turns that ran before it, where the live session had it after them
+// (TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload). rows is returned as is when
+// nothing moves (nearly every activation).
 func runOrder(rows []persistence.Message) []persistence.Message {
-	firstReply := map[string]int{} // turn id → index of its first reply
+	firstReply := map[string]int{} // turn id → index of its first reply (or failed turn's notice)
 	for i := range rows {
-		if m := &rows[i]; m.Role == persistence.RoleAssistant && m.TurnID != "" {
+		if m := &rows[i]; isReply(m) {
 			if _, ok := firstReply[m.TurnID]; !ok {
 				firstReply[m.TurnID] = i
 			}
@@ -36,7 +41,7 @@ func runOrder(rows []persistence.Message) []persistence.Message {
 		}
 		if m.Role == persistence.RoleUser && m.TurnID != "" && firstReply[m.TurnID] > i {
 			waiting = m.TurnID
-		} else if m.Role == persistence.RoleAssistant && m.TurnID == waiting {
+		} else if isReply(m) && m.TurnID == waiting {
 			waiting = ""
 		}
 	}
@@ -60,7 +65,7 @@ func runOrder(rows []persistence.Message) []persistence.Message {
 				open = append(open, t)
 			}
 			held[t] = append(held[t], m)
-		case m.Role == persistence.RoleAssistant && t != "" && firstReply[t] == i:
+		case isReply(&m) && firstReply[t] == i:
 			out = append(out, held[t]...)
 			out = append(out, m)
 			out = append(out, after[t]...)
@@ -78,4 +83,10 @@ func runOrder(rows []persistence.Message) []persistence.Message {
 		}
 	}
 	return out
+}
+
+// isReply reports whether m is a turn's reply (runOrder): an answer, or the notice of a turn
+// that failed (finish writes it with the turn's id; other notices carry none).
+func isReply(m *persistence.Message) bool {
+	return m.TurnID != "" && (m.Role == persistence.RoleAssistant || m.Role == persistence.RoleNotice)
 }

@@ -79,6 +79,7 @@ func TestRunOrder(t *testing.T) {
 	}
 	u := func(text, turn string) persistence.Message { return row(persistence.RoleUser, text, turn) }
 	a := func(text, turn string) persistence.Message { return row(persistence.RoleAssistant, text, turn) }
+	n := func(text, turn string) persistence.Message { return row(persistence.RoleNotice, text, turn) }
 	for _, tc := range []struct {
 		name string
 		rows []persistence.Message
@@ -92,6 +93,9 @@ func TestRunOrder(t *testing.T) {
 		{"failed behind two", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), u("Q3", "t3"), a("A1", "t1"), a("A2", "t2")}, "Q1 A1 Q2 A2 Q3"},
 		{"a turn's second reply", []persistence.Message{u("Q1", "t1"), a("A1", "t1"), u("Q2", "t2"), a("A1b", "t1"), a("A2", "t2")}, "Q1 A1 A1b Q2 A2"},
 		{"the reply's window starts after its message", []persistence.Message{a("A0", "t0"), u("Q1", "t1"), a("A1", "t1")}, "A0 Q1 A1"},
+		{"failed, with its notice", []persistence.Message{u("Q1", "t1"), u("Q2", "t2"), a("A1", "t1"), n("N2", "t2")}, "Q1 A1 Q2 N2"},
+		{"failed, stored before a turn that ran first", []persistence.Message{u("X", "tx"), u("Y", "ty"), a("AY", "ty"), n("NX", "tx")}, "Y AY X NX"},
+		{"a notice of no turn", []persistence.Message{u("Q1", "t1"), n("N", ""), a("A1", "t1")}, "Q1 A1 N"},
 	} {
 		var got []string
 		for _, m := range runOrder(tc.rows) {
