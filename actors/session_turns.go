@@ -603,9 +603,9 @@ func (s *Session) cutShortByStop(c actor.Context, r *turnRun) {
 // later message was sent with it and declined too, until /new. The user messages right before
 // the turn's, which no reply follows (their turns failed, or an interrupt cut them short), go
 // with them, and leaveOut returns their seqs (an earlier copy's too: histEntry.copy) and how
-// many they are: they rode in the declined request, merged into its
-// message, and may be what was declined; left in, they made the next message declined in its
-// turn (TestDeclinedRidersAreLeftOut). Of a turn the agent answered without them, once the
+// many they are: they rode in the declined request, merged into its message, and may be what
+// was declined; left in, they made the next message declined in its turn
+// (TestDeclinedRidersAreLeftOut). Of a turn the agent answered without them, once the
 // endpoint had refused the request with them (agents.Response.RidersLeftOut), only those go
 // (own is not set): a message the endpoint cannot take no longer rides along with every later
 // one (TestRefusedRidersAreLeftOut). finish archives all their rows, so that a reload leaves
