@@ -225,7 +225,7 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 // again. Committed, the groups out.lost would fail succeed; aborted and not run again, or
 // unknown, they fail with it. One that wrote nothing (fateEmpty) is not asked for, and succeeds.
 func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate {
-	f, why := s.lostFate(ctx, out.xact)
+	f, why := s.lostFate(ctx, out.xact, false)
 	id := out.xact.id.String
 	switch {
 	case f == fateEmpty:
@@ -250,13 +250,14 @@ func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate 
 
 // unansweredCommit asks for the fate of the transaction of out, whose COMMIT was sent and whose
 // call's bound ran out before its answer came (lostFate), on a fresh connection within a bound
-// of its own (Options.Timeout again, within outer: the call's is spent), logs it and returns it.
+// of its own (Options.Timeout again, within outer: the call's is spent), awaiting one the
+// server still runs until that bound ends (xactFate), logs it and returns it.
 // Committed, or with no id, the groups out.lost would fail succeed; otherwise they fail with it
 // (aborted: nothing was written, and a replay of them counts nothing twice).
 func (s *Store) unansweredCommit(outer context.Context, out txOutcome) fate {
 	ctx, cancel := context.WithTimeoutCause(outer, s.timeout, s.noAnswer)
 	defer cancel()
-	f, why := s.lostFate(ctx, out.xact)
+	f, why := s.lostFate(ctx, out.xact, true)
 	switch f {
 	case fateCommitted, fateEmpty:
 		s.log.Info("a commit's COMMIT was not answered within the call's time; the server committed it, or it wrote nothing, so its writes are stored",

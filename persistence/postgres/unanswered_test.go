@@ -2,8 +2,13 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"log/slog"
+	"net"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,5 +133,150 @@ func TestUnansweredCommitOfABatchIsSettled(t *testing.T) {
 				t.Errorf("answers stored = %d, tokens = %d/%d, want 1 and 10/5", answers, input, output)
 			}
 		})
+	}
+}
+
+// holdCommits makes every COMMIT of a transaction of the database dsn that counted an attempt
+// of a message wait, inside the server, while holder holds an advisory lock (hold; release
+// lets them commit): a deferred constraint trigger, run at COMMIT, takes the lock. The
+// transaction stays 'in progress' meanwhile, holding its row locks, as one does whose COMMIT
+// waits for its WAL to reach the disk.
+func holdCommits(t *testing.T, dsn string) (hold, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	admin, holder := mustConn(t, dsn), mustConn(t, dsn)
+	if _, err := admin.Exec(ctx, `
+		CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS
+			'BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END';
+		CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON messages DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.attempts > OLD.attempts) EXECUTE FUNCTION hold_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	lock := func(sql string) func() {
+		return func() {
+			var ok bool
+			if err := holder.QueryRow(ctx, sql).Scan(&ok); err != nil || !ok {
+				t.Errorf("%s = %v, %v", sql, ok, err)
+			}
+		}
+	}
+	return lock(`SELECT true FROM pg_advisory_lock(4242)`), lock(`SELECT pg_advisory_unlock(4242)`)
+}
+
+// noCancelRelay returns the dsn of a relay to the database dsn that passes on no cancel
+// request, as none ends a COMMIT that flushes its WAL (a critical section): pgx sends one as
+// it closes a connection whose context ended, and it would end a wait holdCommits makes.
+func noCancelRelay(t *testing.T, dsn string) string {
+	t.Helper()
+	relayed, _ := relayConns(t, dsn, "pgnocancel", func(c, up net.Conn) func(dst, src net.Conn, fromClient bool) {
+		return func(dst, src net.Conn, fromClient bool) {
+			buf := make([]byte, 32<<10)
+			for first := true; ; first = false {
+				n, err := src.Read(buf)
+				// A CancelRequest: its length, 16, and its code, 80877102.
+				if first && fromClient && n == 16 && binary.BigEndian.Uint32(buf[4:8]) == 80877102 {
+					_, _ = c.Close(), up.Close()
+					return
+				}
+				if n > 0 {
+					if _, err := dst.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					_ = dst.Close()
+					return
+				}
+			}
+		}
+	})
+	return relayed
+}
+
+// TestUnansweredCommitStillInProgressIsAwaited: a COMMIT that goes unanswered within the call's
+// Timeout because the server is still committing it (here a deferred trigger waits for an
+// advisory lock; in production, a disk slow to sync the WAL) leaves its transaction 'in
+// progress', holding its row locks, for as long as that lasts. Its fate is asked for until the
+// server has one, within the Timeout of its own: the transaction commits once the lock is let
+// go (after xactAsks answers 'in progress'), and the call succeeds, for a batch of the
+// persistence actor (Commit: its attempt counted once) as for BeginRun (the unclean stop it
+// counts is the last run's). Before, the store gave up after xactAsks asks (0.31 s) and failed
+// the call as unavailable: the actor spooled the batch, whose replay waited for the row locks
+// and counted the attempt again once the first committed; BeginRun's caller ran it again,
+// which counted an unclean stop of its own run.
+func TestUnansweredCommitStillInProgressIsAwaited(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	// The fate is asked for within 2 s: the xactAsks asks, and the one after the lock is let go.
+	s, err := Open(ctx, noCancelRelay(t, dsn), Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin := mustConn(t, dsn)
+	for _, id := range []string{"s0", "s1"} {
+		storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession(id, "k"+id)},
+			&persistence.PutRoute{Route: persistence.Route{Key: "k" + id, SessionID: id, Generation: 1, UpdatedAt: t0}},
+			&persistence.AppendMessage{Message: persistence.Message{SessionID: id, Seq: 1, MessageID: "m" + id, Active: true,
+				Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	}
+	// The message of s0 is counted by the batch (it has a crash attempt since: the unclean stop
+	// leaves it), that of s1 by the unclean stop of r1, a run that dies: the next start counts it.
+	storetest.MustCommit(t, s, &persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}})
+	if _, err := s.BeginRun(ctx, "r1", t0); err != nil {
+		t.Fatal(err)
+	}
+	hold, release := holdCommits(t, dsn)
+
+	var stop *persistence.UncleanStop
+	for _, tc := range []struct {
+		name    string
+		call    func() error // run again, as its caller would, when it fails as unavailable
+		session string       // whose message s/1 the call counts an attempt of
+	}{
+		{"commit", func() error {
+			return s.Commit(ctx, [][]persistence.Op{{&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
+		}, "s0"},
+		{"begin run", func() (err error) { stop, err = s.BeginRun(ctx, "r2", t0.Add(time.Minute)); return err }, "s1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := mustAttempts(t, admin, tc.session, 1)
+			var mu sync.Mutex
+			var asked []string
+			s.asked = func(status string) {
+				mu.Lock()
+				defer mu.Unlock()
+				asked = append(asked, status)
+				if status == "in progress" && len(asked) == xactAsks {
+					release() // the server commits it now
+				}
+			}
+			defer func() { s.asked = nil }()
+			hold()
+			err := tc.call()
+			mu.Lock()
+			got := slices.Clone(asked)
+			mu.Unlock()
+			if len(got) < xactAsks {
+				release()
+				t.Fatalf("the server was asked for the transaction's fate %d times (%q), want %d at least: the test does not test",
+					len(got), got, xactAsks)
+			}
+			if err != nil {
+				t.Errorf("the call = %v, want nil (the server committed it; asked: %q)", err, got)
+				if !errors.Is(err, persistence.ErrUnavailable) {
+					t.Fatal("not unavailable: it would not be run again")
+				}
+				if err := tc.call(); err != nil { // the spool's replay, the start's next try
+					t.Fatal(err)
+				}
+			}
+			if n := mustAttempts(t, admin, tc.session, 1); n != before+1 {
+				t.Errorf("attempts of %s/1 = %d, want %d (counted once)", tc.session, n, before+1)
+			}
+		})
+	}
+	if stop == nil || stop.Run != "r1" {
+		t.Errorf("BeginRun counted the unclean stop of %+v, want r1's (not its own run's)", stop)
 	}
 }

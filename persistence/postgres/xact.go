@@ -56,12 +56,15 @@ const (
 	serverRunSQL = `pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()`
 )
 
-// xactAsks bounds how many times xactFate asks for a transaction the server still runs: a
-// session that died while committing, whose end the server has not finished yet. xactWait is
-// the wait before the second ask, doubled before each next one (0.31 s in all).
+// xactAsks bounds how many times xactFate asks for a transaction the server still runs whose
+// connection was lost: a session that died while committing, whose end the server has not
+// finished yet. xactWait is the wait before the second ask, doubled before each next one (0.31
+// s in all), up to xactWaitMax. A transaction whose COMMIT went unanswered in time is asked for
+// until the call's time ends (awaited): its session lives, and may be committing yet.
 const (
-	xactAsks = 6
-	xactWait = 10 * time.Millisecond
+	xactAsks    = 6
+	xactWait    = 10 * time.Millisecond
+	xactWaitMax = 250 * time.Millisecond
 )
 
 // xact is a transaction of a commit, as its batch read it (xactSQL).
@@ -120,19 +123,29 @@ func readXact(row pgx.Row, x *xact) error {
 }
 
 // lostFate tells the fate of x, read (readXact), whose COMMIT's answer was lost: fateEmpty when
-// it has no id, which nothing need ask; else the server's record of it (xactFate).
-func (s *Store) lostFate(ctx context.Context, x xact) (f fate, why string) {
+// it has no id, which nothing need ask; else the server's record of it (xactFate, which awaits
+// it when await is set).
+func (s *Store) lostFate(ctx context.Context, x xact, await bool) (f fate, why string) {
 	if !x.id.Valid {
 		return fateEmpty, ""
 	}
-	return s.xactFate(ctx, x)
+	return s.xactFate(ctx, x, await)
 }
 
 // xactFate asks the server, on another connection of the pool (one it pings first: the server
 // may have ended them all), for the fate of x, whose COMMIT's answer was lost. It asks again
-// while the server still runs x, xactAsks times at most, within ctx. why says what left the
-// fate unknown.
-func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
+// while the server still runs x, within ctx: xactAsks times at most, or, when await is set,
+// until ctx ends. why says what left the fate unknown.
+//
+// await is for a COMMIT that went unanswered in time (unansweredCommit, timedOut): its
+// connection was still open, and the server may still be committing it, for as long as its
+// WAL takes to reach a slow disk, or its synchronous standby (pgx's cancel request, as it
+// closes the connection, ends the latter wait, not the former). The transaction holds its
+// row locks meanwhile: a replay of its writes waits for them, and applies them a second time
+// once it commits. Before, it was given up after xactAsks asks (0.31 s), and its writes were
+// spooled and replayed, their counters counting twice
+// (TestUnansweredCommitStillInProgressIsAwaited).
+func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why string) {
 	wait := xactWait
 	for ask := 1; ; ask++ {
 		var status pgtype.Text
@@ -157,7 +170,7 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 				"its record of the transaction's id may be another transaction's"
 		case status.String != "in progress":
 			return fateUnknown, fmt.Sprintf("the server answered %q", status.String)
-		case ask == xactAsks:
+		case ask == xactAsks && !await:
 			return fateUnknown, fmt.Sprintf("the server still ran it at each of %d asks", ask)
 		}
 		t := time.NewTimer(wait)
@@ -167,7 +180,7 @@ func (s *Store) xactFate(ctx context.Context, x xact) (f fate, why string) {
 			return fateUnknown, "the call's time ran out while the server still ran it"
 		case <-t.C:
 		}
-		wait *= 2
+		wait = min(2*wait, xactWaitMax)
 	}
 }
 
@@ -226,7 +239,7 @@ func (s *Store) inTxSettled(ctx, outer context.Context, call string, f func(tx p
 		case !x.read:
 			return err
 		}
-		fate, why := s.lostFate(ctx, x)
+		fate, why := s.lostFate(ctx, x, false)
 		switch {
 		case fate == fateCommitted || fate == fateEmpty:
 			s.log.Info("a transaction's connection was lost after its COMMIT was sent; the server committed it, or it wrote nothing, so it succeeds",
@@ -248,13 +261,14 @@ func (s *Store) inTxSettled(ctx, outer context.Context, call string, f func(tx p
 // timedOut settles x, a transaction of inTxSettled whose COMMIT was sent and whose call's bound
 // ran out before its answer came (err), by the server's record of it (lostFate), asked on a
 // fresh connection within a bound of its own (Options.Timeout again, within outer: the call's
-// is spent). Committed, or with no id, the call succeeds. Aborted, nothing was written, but
+// is spent), awaiting one the server still runs until that bound ends (xactFate). Committed,
+// or with no id, the call succeeds. Aborted, nothing was written, but
 // the call is not run again, its time being spent: it fails with err, and its caller's next
 // try counts nothing twice. Unknown, it fails with err, as before.
 func (s *Store) timedOut(outer context.Context, call string, x xact, err error) error {
 	ctx, cancel := context.WithTimeoutCause(outer, s.timeout, s.noAnswer)
 	defer cancel()
-	fate, why := s.lostFate(ctx, x)
+	fate, why := s.lostFate(ctx, x, true)
 	switch fate {
 	case fateCommitted, fateEmpty:
 		s.log.Info("a transaction's COMMIT was not answered within the call's time; the server committed it, or it wrote nothing, so it succeeds",
