@@ -146,7 +146,14 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 	if len(valid) == 0 {
 		return errs
 	}
-	s.commitTxs(ctx, outer, fence, stmts, valid, errs)
+	// A commit settled on the server's record once the call's bound ran out (unansweredCommit)
+	// is explained as one answered in time: the errors left are its groups' own (refused for
+	// what they hold, or invalid on their face), not the bound's. Before, each was told that
+	// the database did not answer, wrapping ErrUnavailable, and the persistence actor spooled
+	// it and told its sender it was stored (TestUnansweredCommitKeepsItsGroupsRefusals).
+	if s.commitTxs(ctx, outer, fence, stmts, valid, errs) {
+		ctx = outer
+	}
 	for i, err := range errs {
 		errs[i] = s.explain(ctx, err)
 	}
@@ -176,8 +183,9 @@ func (s *Store) Commit(ctx context.Context, groups [][]persistence.Op) (errs []e
 // groups succeed; otherwise they fail with ErrUnavailable, and it is not run again, the call's
 // time being spent. Before, they failed at once, and the persistence actor spooled a batch
 // that had committed and replayed it, its counters counting twice
-// (TestUnansweredCommitOfABatchIsSettled).
-func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) {
+// (TestUnansweredCommitOfABatchIsSettled). settled reports that it was so settled as
+// committed, or with no id.
+func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stmt, valid []int, errs []error) (settled bool) {
 	savepoints, retried := false, false
 	for {
 		try := slices.Clone(errs) // a transaction run again starts from errs as they were
@@ -188,7 +196,7 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 		})
 		if err != nil { // the pool gave no connection
 			sqlstore.FillUndecided(errs, fmt.Errorf("commit: begin: %w", err))
-			return
+			return false
 		}
 		if dead && !out.sent && !retried {
 			retried = true
@@ -196,7 +204,7 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 		}
 		if out.lost != nil && out.xact.read && errors.Is(context.Cause(ctx), s.noAnswer) && outer.Err() == nil {
 			if f := s.unansweredCommit(outer, out); f == fateCommitted || f == fateEmpty {
-				out.lost = nil
+				out.lost, settled = nil, true
 			}
 		} else if out.lost != nil && dead && out.xact.read {
 			switch s.lostCommit(ctx, out, !retried) {
@@ -214,7 +222,7 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 		}
 		copy(errs, try)
 		if !out.retry || savepoints {
-			return
+			return settled
 		}
 		savepoints = true
 	}

@@ -280,3 +280,49 @@ func TestUnansweredCommitStillInProgressIsAwaited(t *testing.T) {
 		t.Errorf("BeginRun counted the unclean stop of %+v, want r1's (not its own run's)", stop)
 	}
 }
+
+// TestUnansweredCommitKeepsItsGroupsRefusals: a batch whose COMMIT's answer does not come within
+// the store's Timeout (a relay holds it) and that the server committed is settled as if the
+// answer had come for its refused groups too: one the savepoint pass refused for what it holds
+// keeps ErrConflict, and one invalid on its face its own error, while the others succeed.
+// Before, the call's bound having run out, each was told that the database did not answer
+// (ErrUnavailable, its own error dropped): the persistence actor spooled it and told its sender
+// it was stored, and its replay, refused again, set it aside.
+func TestUnansweredCommitKeepsItsGroupsRefusals(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := newCommitRelay(t, dsn)
+	ctx := context.Background()
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin := mustConn(t, dsn)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	var errs []error
+	asked := r.armedFor(t, s, relayHoldAnswer, func() {
+		errs = s.Commit(ctx, [][]persistence.Op{
+			{&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}},
+			{&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1,
+				Role: persistence.RoleUser, Content: "not what seq 1 holds", CreatedAt: t0}}},
+			{&persistence.EndSession{SessionID: "s0"}}, // no time: invalid on its face
+		})
+	})
+	if len(asked) == 0 || asked[len(asked)-1] != "committed" {
+		t.Fatalf("the server was asked for the transaction's fate and answered %q, want \"committed\" last: the test does not test", asked)
+	}
+	if errs[0] != nil {
+		t.Errorf("group 0 = %v, want nil (the server committed it)", errs[0])
+	}
+	if !errors.Is(errs[1], ErrConflict) || errors.Is(errs[1], persistence.ErrUnavailable) {
+		t.Errorf("group 1 (refused for what it holds) = %v, want ErrConflict, not ErrUnavailable", errs[1])
+	}
+	if errs[2] == nil || errors.Is(errs[2], persistence.ErrUnavailable) {
+		t.Errorf("group 2 (invalid on its face) = %v, want its own error, not ErrUnavailable", errs[2])
+	}
+	if n := mustAttempts(t, admin, "s0", 1); n != 1 {
+		t.Errorf("attempts of s0/1 = %d, want 1", n)
+	}
+}
