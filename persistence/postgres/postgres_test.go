@@ -483,7 +483,7 @@ func TestStaleLockHolderClaimsNothing(t *testing.T) {
 func TestTimeout(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	s, err := Open(ctx, dsn, Options{Timeout: 300 * time.Millisecond})
+	s, err := Open(ctx, dsn, Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := s.Commit(ctx, [][]persistence.Op{{&persistence.SetTitle{SessionID: "s1", Title: "t"}}})
-	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), "did not answer within 300ms") {
+	if !errors.Is(errs[0], persistence.ErrUnavailable) || !strings.Contains(errs[0].Error(), "did not answer within 1s") {
 		t.Errorf("Commit against a locked table: error = %v, want ErrUnavailable saying it did not answer", errs[0])
 	}
 	if _, err := s.LoadSession(ctx, "k1", 10, 0); !errors.Is(err, persistence.ErrUnavailable) {

@@ -169,7 +169,7 @@ type Store struct {
 	// (attempt), before the call's first statement on it.
 	acquired func(*pgx.Conn)
 	// asked, when set (by tests), is called with each answer of the server to xactFate's ask
-	// for a transaction's fate ("" for none, or an error).
+	// for a transaction's fate: its status, "null" for none, or "error: " and why it could not ask.
 	asked func(status string)
 }
 

@@ -34,7 +34,7 @@ func TestUnansweredCommitOfABatchIsSettled(t *testing.T) {
 	r := newCommitRelay(t, dsn)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestUnansweredCommitKeepsItsGroupsRefusals(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	r := newCommitRelay(t, dsn)
 	ctx := context.Background()
-	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

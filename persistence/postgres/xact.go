@@ -153,8 +153,15 @@ func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why s
 		_, err := s.attempt(ctx, true, func(c *pgxpool.Conn) error {
 			return c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server.start, &server.statsReset)
 		})
-		if s.asked != nil {
-			s.asked(status.String)
+		if s.asked != nil { // a test's: the answer, or why there is none
+			switch {
+			case err != nil:
+				s.asked("error: " + err.Error())
+			case !status.Valid:
+				s.asked("null")
+			default:
+				s.asked(status.String)
+			}
 		}
 		switch {
 		case err != nil:

@@ -371,7 +371,7 @@ func TestUnansweredCommitOfTheStoresOwnTransactionIsSettled(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	r := newCommitRelay(t, dsn)
 	ctx := context.Background()
-	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
