@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/agentgate/agentgate/internal/identity"
 	"github.com/agentgate/agentgate/internal/logging"
@@ -83,19 +84,53 @@ func (s *Session) partial(c actor.Context, turnID string, group []*item) func(st
 	key := s.key
 	var mu sync.Mutex
 	last := ""
+	var shown shownGrowth
 	return func(text string) {
-		text = shownText(text) // as the final reply will be
-		if strings.TrimSpace(text) == "" {
+		mu.Lock()
+		text = shown.of(text) // as the final reply will be
+		skip := text == last || strings.TrimSpace(text) == ""
+		if !skip {
+			last = text
+		}
+		mu.Unlock()
+		if skip {
 			return
 		}
-		mu.Lock()
-		same := text == last
-		last = text
-		mu.Unlock()
-		if !same {
-			root.Send(pid, &DraftText{SessionKey: key, TurnID: turnID, Target: target, InReplyTo: slices.Clone(ids), Text: text})
-		}
+		root.Send(pid, &DraftText{SessionKey: key, TurnID: turnID, Target: target, InReplyTo: slices.Clone(ids), Text: text})
 	}
+}
+
+// shownGrowth is shownText of a streaming reply's text, which Request.Partial gets whole each
+// time it grows: only what was added since the last call is cleaned, and the text shown so far
+// is kept. Cleaned whole at each call, a reply of n bytes streamed a few bytes at a time was
+// scanned some n²/8 times over (a 100 KiB reply took seconds of the agent's goroutine, which
+// reads the stream, and a megabyte minutes), and once it held one control character each call
+// copied it all twice (TestDraftOfALongReplyCostsItsLength). What ends the text without being a
+// whole rune (half an emoji, a run of bad bytes) is held back until the text goes on: the draft
+// does not show U+FFFD for a character still on its way (TestDraftHoldsBackAHalfCharacter); the
+// final reply, cleaned whole (finish), shows what is still bad then. A text that does not
+// begin with the one before (an agent that took words back) is cleaned anew.
+type shownGrowth struct {
+	raw   string          // the text cleaned so far: a prefix of the last one, ending with a whole rune
+	shown strings.Builder // shownText(raw); the strings it gave out are never written over
+}
+
+// of returns the text as a draft shows it: shownText(text) without its unfinished end.
+func (g *shownGrowth) of(text string) string {
+	if !strings.HasPrefix(text, g.raw) { // (the same bytes most often: no comparison then)
+		g.raw = ""
+		g.shown = strings.Builder{}
+	}
+	add := text[len(g.raw):]
+	for add != "" {
+		if r, size := utf8.DecodeLastRuneInString(add); r != utf8.RuneError || size > 1 {
+			break
+		}
+		add = add[:len(add)-1]
+	}
+	g.shown.WriteString(shownText(add))
+	g.raw = text[:len(g.raw)+len(add)]
+	return g.shown.String()
 }
 
 // cancelTurn stops a running turn (its agent's context is cancelled) and drops its draft.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -148,5 +149,60 @@ func TestDraftShowsNoControlCharacters(t *testing.T) {
 	ds := r.editor.Drafts()
 	if want := []string{"ab\uFFFDc", "ab\uFFFDc d"}; len(ds) != 1 || !slices.Equal(ds[0].Texts, want) {
 		t.Errorf("drafts = %+v, want one showing %q", ds, want)
+	}
+}
+
+// TestDraftHoldsBackAHalfCharacter: a streaming reply's text that ends with half a character
+// (an emoji whose last bytes are still on their way) shows on its draft without it, not with
+// U+FFFD in its place; the final reply shows it whole. Before, the draft showed "ab\uFFFD".
+func TestDraftHoldsBackAHalfCharacter(t *testing.T) {
+	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		req.Partial("ab\xf0\x9f")
+		return &agents.Response{Text: "ab\U0001F600"}, nil
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+	defer r.stop(t)
+	r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
+	ds := r.editor.Drafts()
+	if want := []string{"ab", "ab\U0001F600"}; len(ds) != 1 || !slices.Equal(ds[0].Texts, want) {
+		t.Errorf("drafts = %+v, want one showing %q", ds, want)
+	}
+}
+
+// TestDraftOfALongReplyCostsItsLength: the drafts of a reply streamed a little at a time clean
+// only what each step adds (shownGrowth). Before, each step cleaned the whole text so far: a
+// reply of n bytes was scanned some n²/(2×step) bytes over, and once it held a control
+// character each step copied it whole (here some 200 MB for a reply of 200 KiB).
+func TestDraftOfALongReplyCostsItsLength(t *testing.T) {
+	const steps, step = 3200, 64
+	var allocated uint64
+	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+		var b strings.Builder
+		b.Grow(steps * step)
+		b.WriteString("a\x07") // one control character, taken out
+		chunk := strings.Repeat("x", step-1) + " "
+		var before, after goruntime.MemStats
+		goruntime.ReadMemStats(&before)
+		for range steps {
+			b.WriteString(chunk)
+			req.Partial(b.String())
+		}
+		goruntime.ReadMemStats(&after)
+		allocated = after.TotalAlloc - before.TotalAlloc
+		return &agents.Response{Text: b.String()}, nil
+	})
+	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Hour})
+	defer r.stop(t)
+	r.inject(t, dm, "m1", "hello")
+	r.waitSent(t, 1)
+	// The text is 200 KiB: its cleaned copy grows to twice that, once; the rest of the daemon
+	// (the draft texts sent, the first post) allocates far less than the bound.
+	if limit := uint64(32 << 20); allocated > limit {
+		t.Errorf("%d steps of a %d-byte reply allocated %d MiB, want at most %d MiB", steps, steps*step, allocated>>20, limit>>20)
+	}
+	if got, want := r.fake.Sent(), "a"+strings.Repeat(strings.Repeat("x", step-1)+" ", steps); len(got) != 1 || got[0].Text != want {
+		t.Errorf("the reply was not sent whole without its control character")
 	}
 }
