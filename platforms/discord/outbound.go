@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
@@ -30,7 +31,7 @@ import (
 func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 	p.forgetDelivered(out.InReplyTo) // answered: their deletion changes nothing now
 	channel := replyChannel(out.Target)
-	if strings.TrimSpace(out.Text) == "" {
+	if blank(out.Text) {
 		// An agent may answer nothing; Discord refuses an empty message (50006), so nothing is
 		// posted and the reply counts as delivered. A draft keeps what it showed.
 		p.log.Debug("discord: empty reply; nothing posted", "channel", channel, "turn", out.TurnID)
@@ -120,6 +121,20 @@ func (p *Platform) Send(ctx context.Context, out *platforms.Outbound) error {
 		p.typing.turnEnded(replyChannel(out.Target), out.InReplyTo)
 	}
 	return nil
+}
+
+// blank reports whether Discord keeps nothing of text but white space, and so refuses it as an
+// empty message (50006): it strips control characters and the bidirectional overrides and
+// isolates before it reads a message's content (the warning on Create Message in its API docs;
+// discord-api-docs#1189). The session takes the control characters out of a reply (its
+// shownText) but for tab, line feed, carriage return and ESC; an outbox entry stored before it
+// did, sent again after an upgrade, may hold nothing else, and a reply may be bidirectional
+// marks alone. Before, either was posted, refused for good, logged at ERR and recorded failed
+// (TestReplyOfWhatDiscordStripsPostsNothing).
+func blank(text string) bool {
+	return strings.TrimFunc(text, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || r >= '\u202a' && r <= '\u202e' || r >= '\u2066' && r <= '\u2069'
+	}) == ""
 }
 
 // MaxReplyParts is how many messages one reply may become; what follows is cut, and a last
