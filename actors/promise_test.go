@@ -104,7 +104,8 @@ func (p promisePlacement) Holders(ctx context.Context, keys []string) (map[strin
 
 // promisedStore is the world's store whose claims on a condition (Store.Claim's seen) read the
 // board's promises as postgres.Store's claim reads the owners row a promise wrote: the latest
-// claim's owner is a promise's taker while the claim is at the promise's epoch. Under the
+// claim's owner is a promise's taker while the claim is at the promise's epoch (a refusal names
+// the promiser, the row's owner, as postgres.Store's does). Under the
 // board's lock, as a promise is written (promisePlacement.Promise), so that the two come one
 // after the other, as on the row's lock.
 type promisedStore struct {
@@ -119,18 +120,19 @@ func (s promisedStore) Claim(ctx context.Context, key, owner string, at time.Tim
 	s.board.mu.Lock()
 	defer s.board.mu.Unlock()
 	var row, latest persistence.ClaimSeen
+	var promisedBy string
 	switch own, err := s.Store.Ownership(ctx, key); {
 	case err == nil:
 		row = persistence.ClaimSeen{Epoch: own.Epoch, Owner: own.Owner}
 		latest = row
 		if pr, ok := s.board.promised[key]; ok && pr.epoch == own.Epoch {
-			latest.Owner = pr.to
+			latest.Owner, promisedBy = pr.to, own.Owner
 		}
 	case !errors.Is(err, persistence.ErrNotFound):
 		return persistence.Claimed{}, err
 	}
 	if *seen != latest {
-		return persistence.Claimed{}, &persistence.ClaimChangedError{Key: key, Seen: *seen, Latest: &latest}
+		return persistence.Claimed{}, &persistence.ClaimChangedError{Key: key, Seen: *seen, Latest: &latest, PromisedBy: promisedBy}
 	}
 	return s.Store.Claim(ctx, key, owner, at, &row)
 }

@@ -605,10 +605,11 @@ func (s *Session) load(c actor.Context) {
 // (TestRacingClaimsOfOneSeenClaimRunTheMessageOnce).
 //
 // The claim that came since may also be an operator's (`agentgate sessions reset` with no
-// member answering) or this member's own: a claim of this session whose answer was lost (the
-// store committed it, and the session's wait to load ran it again on the same condition). Its
-// line says which (claimedLine): before, it said another member had claimed the key in every
-// case (TestRefusedClaimSaysWhoClaimedTheKey).
+// member answering), this member's own: a claim of this session whose answer was lost (the
+// store committed it, and the session's wait to load ran it again on the same condition), or
+// one another member promised to this member through the store (promise.go) after the lookup
+// read it. Its line says which (claimedLine): before, it said another member had claimed the
+// key in every case (TestRefusedClaimSaysWhoClaimedTheKey).
 func (s *Session) claimedMeanwhile(c actor.Context, err error) {
 	msg, args := s.claimedLine(err)
 	s.logger().Info(msg, append(args, logging.Err(err))...)
@@ -628,13 +629,22 @@ func (s *Session) claimedLine(err error) (string, []any) {
 		return "the session was claimed again since this member looked up its claim; the key is activated again", nil
 	}
 	latest := refusal.Latest
-	switch latest.Owner {
-	case persistence.ResetClaimOwner:
+	switch {
+	case latest.Owner == persistence.ResetClaimOwner:
 		return "an operator's reset (agentgate sessions reset) claimed the session since this member looked up its claim; the key is activated again",
 			[]any{"epoch", latest.Epoch}
-	case s.d.Node:
+	case latest.Owner == s.d.Node && refusal.PromisedBy != "":
+		// The member whose claim the lookup read promised it to this one through the store
+		// (promise.go) after the lookup: no answer of this member's was lost
+		// (TestRefusedClaimSaysWhoClaimedTheKey).
+		return "another member promised this member its claim of the session since this one looked up the claim; the key is activated again",
+			[]any{"promised_by", refusal.PromisedBy, "epoch", latest.Epoch}
+	case latest.Owner == s.d.Node:
 		return "this member's own claim of the session came since it looked up the claim (a claim whose answer was lost); the key is activated again",
 			[]any{"epoch", latest.Epoch}
+	case refusal.PromisedBy != "":
+		return "another member claimed the session since this one looked up its claim; the key is activated again",
+			[]any{"claimed_by", latest.Owner, "promised_by", refusal.PromisedBy, "epoch", latest.Epoch}
 	}
 	return "another member claimed the session since this one looked up its claim; the key is activated again",
 		[]any{"claimed_by", latest.Owner, "epoch", latest.Epoch}

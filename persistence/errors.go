@@ -59,14 +59,23 @@ type ClaimChangedError struct {
 	// Latest is the key's latest claim, the one that came since; nil when the store could not
 	// read it (PostgreSQL reads it after the refusal, in a round trip of its own).
 	Latest *ClaimSeen
+	// PromisedBy is the node of the member that made Latest and promised it to its owner
+	// (postgres.Store.Promise: the owner changes, the epoch stays); empty when Latest's owner
+	// made it. A claim promised to the claimer's own member is no claim of its own whose answer
+	// was lost.
+	PromisedBy string
 }
 
 func (e *ClaimChangedError) Error() string {
 	if e.Latest == nil {
 		return fmt.Sprintf("claim %s: %v: not epoch %d of %q", e.Key, ErrClaimChanged, e.Seen.Epoch, e.Seen.Owner)
 	}
-	return fmt.Sprintf("claim %s: %v: epoch %d of %q, not epoch %d of %q", e.Key, ErrClaimChanged,
-		e.Latest.Epoch, e.Latest.Owner, e.Seen.Epoch, e.Seen.Owner)
+	promised := ""
+	if e.PromisedBy != "" {
+		promised = fmt.Sprintf(" (promised by %q)", e.PromisedBy)
+	}
+	return fmt.Sprintf("claim %s: %v: epoch %d of %q%s, not epoch %d of %q", e.Key, ErrClaimChanged,
+		e.Latest.Epoch, e.Latest.Owner, promised, e.Seen.Epoch, e.Seen.Owner)
 }
 
 // Unwrap makes the error ErrClaimChanged.

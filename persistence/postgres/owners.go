@@ -99,8 +99,11 @@ const noSelfStopNear = `NOT EXISTS (SELECT 1 FROM members o WHERE o.cluster = m.
 
 const (
 	ownershipSQL = `SELECT key, epoch, owner, claimed_at FROM owners WHERE key = $1`
-	ownerSQL     = `SELECT epoch, owner FROM owners WHERE key = $1`
-	fenceSQL     = `SELECT agentgate_fence($1, $2)`
+	// refusedSQL reads key $1's latest claim for a refused claim's error: its epoch, owner, and
+	// the node that promised it to its owner (Promise; empty for a claim its owner made).
+	refusedSQL = `SELECT epoch, owner, CASE WHEN promised_by <> '' AND promised_epoch = epoch THEN promised_by ELSE '' END
+		FROM owners WHERE key = $1`
+	fenceSQL = `SELECT agentgate_fence($1, $2)`
 	// fencedCode is the SQLSTATE agentgate_fence raises.
 	fencedCode = "AG001"
 	// daemonFenceSQL fails a commit of an exclusive store whose daemon lock another process has
@@ -169,11 +172,17 @@ func (s *Store) Claim(ctx context.Context, key, owner string, at time.Time, seen
 		// The claim that came since, for the line that says the claim was refused (a round
 		// trip on a refusal only; the SQLite store names it too): without it, the line said
 		// only what this member saw, not who claimed the key (TestConformance/ConditionalClaim).
+		// It names whether the claim was promised to its owner (Promise): a claim promised to
+		// this member is not its own claim whose answer was lost
+		// (TestConditionalClaimRefusalNamesAPromise). Read after the refusal, it is the key's
+		// latest claim by then: one that came since the claim seen (epochs only rise, and a
+		// promise changes the owner at its claim's epoch), if not always the one that refused.
 		refused := &persistence.ClaimChangedError{Key: key, Seen: *seen}
 		var latest persistence.ClaimSeen
+		var promisedBy string
 		// (No row: the key was never claimed, the zero ClaimSeen, as SQLite's says.)
-		if err := s.pool.QueryRow(ctx, ownerSQL, key).Scan(&latest.Epoch, &latest.Owner); err == nil || errors.Is(err, pgx.ErrNoRows) {
-			refused.Latest = &latest
+		if err := s.pool.QueryRow(ctx, refusedSQL, key).Scan(&latest.Epoch, &latest.Owner, &promisedBy); err == nil || errors.Is(err, pgx.ErrNoRows) {
+			refused.Latest, refused.PromisedBy = &latest, promisedBy
 		}
 		return persistence.Claimed{}, refused
 	}

@@ -329,3 +329,52 @@ func TestPromiseWaitsForALiveMemberOfAnOlderVersion(t *testing.T) {
 		t.Errorf("b's promise of k2 once the older member's registration expired: holder %q, want a", holder("k2"))
 	}
 }
+
+// TestConditionalClaimRefusalNamesAPromise: member b claims key k and promises its claim to
+// member a; a claim on b's claim, whether a's own (its activation looked b's claim up before the
+// promise) or a third member's, is refused, and the refusal names the claim's owner, a, and the
+// member that promised it, b: a's session's line then says b promised a the claim, not that a's
+// own claim (one whose answer was lost) came since. Once a claims the key itself, a refusal
+// names no promise. Before, the refusal read the claim's epoch and owner only, and a's line said
+// its own claim, whose answer was lost, had come since.
+func TestConditionalClaimRefusalNamesAPromise(t *testing.T) {
+	s, _ := MustOpen(t)
+	ctx := context.Background()
+	const ttl = 5 * time.Second
+	a := Member{ID: "a", Host: "10.0.0.1", Port: 6340, Kinds: []string{"session"}, Node: "h1/r_a"}
+	b := Member{ID: "b", Host: "10.0.0.2", Port: 6341, Kinds: []string{"session"}, Node: "h2/r_b"}
+	for _, m := range []Member{a, b} {
+		if _, err := s.Heartbeat(ctx, "c1", m, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := s.Claim(ctx, "k", b.Node, time.Now(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Promise(ctx, "k", claimed.Epoch, b.Node, a.Node, ttl); err != nil || !ok {
+		t.Fatalf("b's promise of k to a: %v, %v", ok, err)
+	}
+	seenB := persistence.ClaimSeen{Epoch: claimed.Epoch, Owner: b.Node}
+	promised := persistence.ClaimSeen{Epoch: claimed.Epoch, Owner: a.Node}
+	for _, claimer := range []string{a.Node, "h3/r_c"} {
+		_, err := s.Claim(ctx, "k", claimer, time.Now(), &seenB)
+		var refusal *persistence.ClaimChangedError
+		if !errors.As(err, &refusal) {
+			t.Fatalf("%s's claim of k on b's promised claim: %v, want a *persistence.ClaimChangedError", claimer, err)
+		}
+		if refusal.Latest == nil || *refusal.Latest != promised || refusal.PromisedBy != b.Node {
+			t.Errorf("%s's refused claim of k names latest %+v promised by %q, want %+v promised by %q",
+				claimer, refusal.Latest, refusal.PromisedBy, promised, b.Node)
+		}
+	}
+	again, err := s.Claim(ctx, "k", a.Node, time.Now(), &promised)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Claim(ctx, "k", "h3/r_c", time.Now(), &seenB)
+	var refusal *persistence.ClaimChangedError
+	if !errors.As(err, &refusal) || refusal.Latest == nil || refusal.Latest.Epoch != again.Epoch || refusal.PromisedBy != "" {
+		t.Errorf("a claim of k on b's claim once a claimed k: %v, want a refusal that names a's claim at epoch %d and no promise", err, again.Epoch)
+	}
+}
