@@ -107,8 +107,9 @@ func (s *Session) partial(c actor.Context, turnID string, group []*item) func(st
 // reads the stream, and a megabyte minutes), and once it held one control character each call
 // copied it all twice (TestDraftOfALongReplyCostsItsLength). What ends the text without being a
 // whole rune (half an emoji, a run of bad bytes) is held back until the text goes on: the draft
-// does not show U+FFFD for a character still on its way (TestDraftHoldsBackAHalfCharacter); the
-// final reply, cleaned whole (finish), shows what is still bad then. A text that does not
+// does not show U+FFFD for a character still on its way
+// (TestDraftShowsNoControlCharacters/half_a_character); the final reply, cleaned whole
+// (finish), shows what is still bad then. A text that does not
 // begin with the one before (an agent that took words back) is cleaned anew.
 type shownGrowth struct {
 	raw   string          // the text cleaned so far: a prefix of the last one, ending with a whole rune

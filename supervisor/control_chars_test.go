@@ -134,40 +134,36 @@ func TestAgentControlCharactersReachNoChat(t *testing.T) {
 // TestDraftShowsNoControlCharacters: a streaming reply's draft shows its text as the final reply
 // will (shownText): without control characters, its NUL as U+FFFD; a text of control
 // characters only posts no draft. Before, the draft showed them as the agent gave them, and
-// was refused by Discord as empty when there was nothing else.
+// was refused by Discord as empty when there was nothing else. A text that ends with half a
+// character (an emoji whose last bytes are still on their way) shows on its draft without it,
+// not with U+FFFD in its place, and the final reply shows it whole (its subtest "half a
+// character"; before, the draft showed "ab\uFFFD").
 func TestDraftShowsNoControlCharacters(t *testing.T) {
-	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
-		req.Partial("\x07\x08")
-		req.Partial("a\x07b\x00c")
-		return &agents.Response{Text: "a\x07b\x00c d"}, nil
-	})
-	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
-	defer r.stop(t)
-	r.inject(t, dm, "m1", "hello")
-	r.waitSent(t, 1)
-	waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
-	ds := r.editor.Drafts()
-	if want := []string{"ab\uFFFDc", "ab\uFFFDc d"}; len(ds) != 1 || !slices.Equal(ds[0].Texts, want) {
-		t.Errorf("drafts = %+v, want one showing %q", ds, want)
-	}
-}
-
-// TestDraftHoldsBackAHalfCharacter: a streaming reply's text that ends with half a character
-// (an emoji whose last bytes are still on their way) shows on its draft without it, not with
-// U+FFFD in its place; the final reply shows it whole. Before, the draft showed "ab\uFFFD".
-func TestDraftHoldsBackAHalfCharacter(t *testing.T) {
-	agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
-		req.Partial("ab\xf0\x9f")
-		return &agents.Response{Text: "ab\U0001F600"}, nil
-	})
-	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
-	defer r.stop(t)
-	r.inject(t, dm, "m1", "hello")
-	r.waitSent(t, 1)
-	waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
-	ds := r.editor.Drafts()
-	if want := []string{"ab", "ab\U0001F600"}; len(ds) != 1 || !slices.Equal(ds[0].Texts, want) {
-		t.Errorf("drafts = %+v, want one showing %q", ds, want)
+	for _, tc := range []struct {
+		name     string
+		partials []string
+		final    string
+		want     []string // the draft's texts
+	}{
+		{"control characters", []string{"\x07\x08", "a\x07b\x00c"}, "a\x07b\x00c d", []string{"ab\uFFFDc", "ab\uFFFDc d"}},
+		{"half a character", []string{"ab\xf0\x9f"}, "ab\U0001F600", []string{"ab", "ab\U0001F600"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+				for _, p := range tc.partials {
+					req.Partial(p)
+				}
+				return &agents.Response{Text: tc.final}, nil
+			})
+			r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
+			defer r.stop(t)
+			r.inject(t, dm, "m1", "hello")
+			r.waitSent(t, 1)
+			waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
+			if ds := r.editor.Drafts(); len(ds) != 1 || !slices.Equal(ds[0].Texts, tc.want) {
+				t.Errorf("drafts = %+v, want one showing %q", ds, tc.want)
+			}
+		})
 	}
 }
 
