@@ -507,3 +507,82 @@ func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
 		})
 	}
 }
+
+// slowBoom panics on "boom" a while after its turn begins (as an agent that crashes after
+// some work does), so that crashes are spread out within the session's restart budget; it
+// counts each message's runs of "boom".
+type slowBoom struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (b *slowBoom) Run(ctx context.Context, req *agents.Request) (*agents.Response, error) {
+	if req.Messages[len(req.Messages)-1].Text != "boom" {
+		return &agents.Response{Text: "answered " + req.Identity.MessageID}, nil
+	}
+	b.mu.Lock()
+	if b.runs == nil {
+		b.runs = map[string]int{}
+	}
+	b.runs[req.Identity.MessageID]++
+	b.mu.Unlock()
+	select {
+	case <-time.After(40 * time.Second):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	panic("agent bug on " + req.Identity.MessageID)
+}
+
+func (b *slowBoom) runsOf(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.runs[id]
+}
+
+// TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq: a message whose write is in the spool
+// twice (spoolTwice) and whose turn crashes its session is loaded again under the seq the
+// replay stored, the earlier copy's; the later seq, which the replay refused as a duplicate,
+// is the next one the session numbers. A message sent meanwhile (y) takes it, and when its
+// own turn crashes the session it is quarantined after QuarantineAfter runs, as any other.
+// Before, the first crash of x's later copy was counted under both seqs, the later one's count
+// stayed, and y inherited it: quarantined after QuarantineAfter-1 runs.
+func TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		out := &storetest.Outage{}
+		leaky := &leakySpool{}
+		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		b := &slowBoom{}
+		w, _ := spoolWorldThrough(t, dir, out, b, through)
+		w.deliver(t, "m0", "m0")
+		w.awaitTurnEnds(1)
+		if r := spoolTwice(t, w, out, leaky, "x", "boom"); r.Disposition != platforms.Started {
+			t.Fatalf("x sent again: %+v, want started", r)
+		}
+		time.Sleep(45 * time.Second) // its turn crashed the session, which waits for the spool to load
+		synctest.Wait()
+		out.Down.Store(false)
+		time.Sleep(5 * time.Second) // the spool replayed; the session loaded and runs x again
+		synctest.Wait()
+		if w.d.Spooling.Load() {
+			t.Fatal("the spool did not drain")
+		}
+		if r := w.deliver(t, "y", "boom"); r.Disposition != platforms.Queued {
+			t.Fatalf("y while x runs again: %+v, want queued", r)
+		}
+		time.Sleep(10 * time.Minute) // x quarantined; y runs until it is quarantined
+		synctest.Wait()
+		if n := b.runsOf("x"); n != QuarantineAfter {
+			t.Errorf("x ran %d times, want %d (QuarantineAfter)", n, QuarantineAfter)
+		}
+		if n := b.runsOf("y"); n != QuarantineAfter {
+			t.Errorf("y ran %d times before its quarantine, want %d (QuarantineAfter)", n, QuarantineAfter)
+		}
+		for _, id := range []string{"x", "y"} {
+			if m := w.rowOf(t, id); m.Status != persistence.StatusQuarantined {
+				t.Errorf("%s's row = %+v, want quarantined", id, m)
+			}
+		}
+	})
+}

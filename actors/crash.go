@@ -42,7 +42,7 @@ func (s *Session) onRestarting(c actor.Context) {
 	// (TestOverdueResetOutlivesACrashBeforeItsOwnWriteIsAnswered).
 	s.fileReset(s.filesOfUnanswered())
 	s.fileOverdue()
-	life.suspects = nil
+	life.suspects, life.copies = nil, nil
 	s.endProbation(c) // the next incarnation asks again if its head is still a suspect
 	if s.running != nil {
 		// The turn is no child of the session: cancel it here, and have the next incarnation
@@ -54,13 +54,16 @@ func (s *Session) onRestarting(c actor.Context) {
 		for _, it := range s.running.items {
 			life.suspects = append(life.suspects, it.seq)
 			// And an earlier copy's seq (noteCopy): the next incarnation loads the message
-			// from the store, which may hold it under that seq. Counted under the later seq
-			// alone, its first crash was lost, it crashed the session once more before its
-			// quarantine, past the restart budget, and the key's next activation counted
-			// from zero again: 7 crashes, not QuarantineAfter
+			// from the store, which may hold it under that seq (afterCrash). Counted under
+			// the later seq alone, its first crash was lost, it crashed the session once more
+			// before its quarantine, past the restart budget, and the key's next activation
+			// counted from zero again: 7 crashes, not QuarantineAfter
 			// (TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce).
 			if seq := s.copyOf(it); seq != 0 {
-				life.suspects = append(life.suspects, seq)
+				if life.copies == nil {
+					life.copies = map[int64]int64{}
+				}
+				life.copies[it.seq] = seq
 			}
 		}
 	}
@@ -98,25 +101,48 @@ func (s *Session) onRestarting(c actor.Context) {
 // the messages that were running and quarantines those that reached QuarantineAfter.
 func (s *Session) afterCrash(c actor.Context) {
 	life := s.life()
-	suspects := life.suspects
-	life.suspects = nil
-	for _, seq := range suspects {
-		if life.crashes == nil {
-			life.crashes = map[int64]int{}
-		}
-		life.crashes[seq]++
-		if life.crashes[seq] < QuarantineAfter {
-			continue
-		}
-		delete(life.crashes, seq)
-		i := slices.IndexFunc(s.queue, func(it *item) bool { return it.seq == seq })
-		if i < 0 {
-			continue
-		}
-		it := s.queue[i]
-		s.queue = slices.Delete(s.queue, i, i+1)
-		s.quarantine(c, it)
+	suspects, copies := life.suspects, life.copies
+	life.suspects, life.copies = nil, nil
+	held := func(seq int64) bool {
+		return slices.ContainsFunc(s.queue, func(it *item) bool { return it.seq == seq })
 	}
+	for _, seq := range suspects {
+		if e, ok := copies[seq]; ok {
+			// A message whose write was in the spool twice: counted under the seq the store
+			// holds it under, which the loaded queue shows, and under both while it shows
+			// neither. The replay refused the later copy as a duplicate, and the session
+			// numbers its next message with that seq: counted there too, the crash was
+			// charged to that message, quarantined a crash early
+			// (TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq).
+			switch {
+			case held(e) && !held(seq):
+				seq = e
+			case !held(seq):
+				s.countCrash(c, life, e)
+			}
+		}
+		s.countCrash(c, life, seq)
+	}
+}
+
+// countCrash counts a crash against the message of seq, and quarantines it once it reaches
+// QuarantineAfter.
+func (s *Session) countCrash(c actor.Context, life *lifeline, seq int64) {
+	if life.crashes == nil {
+		life.crashes = map[int64]int{}
+	}
+	life.crashes[seq]++
+	if life.crashes[seq] < QuarantineAfter {
+		return
+	}
+	delete(life.crashes, seq)
+	i := slices.IndexFunc(s.queue, func(it *item) bool { return it.seq == seq })
+	if i < 0 {
+		return
+	}
+	it := s.queue[i]
+	s.queue = slices.Delete(s.queue, i, i+1)
+	s.quarantine(c, it)
 }
 
 // afterUncleanStops runs whenever the session loads: it quarantines the head of the queue

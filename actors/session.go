@@ -172,8 +172,12 @@ func (s *Session) probation() *probationRun {
 // across passivation or process restarts.
 type lifeline struct {
 	restarts int
-	suspects []int64       // seqs that were running when the last incarnation crashed
-	crashes  map[int64]int // seq → crashes while it ran; nil until a crash is counted
+	suspects []int64 // seqs that were running when the last incarnation crashed
+	// copies maps a suspect's seq to the seq of an earlier copy of its write that the store
+	// may hold it under instead (noteCopy); afterCrash counts the crash under the one the
+	// loaded queue holds.
+	copies  map[int64]int64
+	crashes map[int64]int // seq → crashes while it ran; nil until a crash is counted
 	// leaving: the member was leaving the cluster when the last incarnation crashed (Leave);
 	// the next one starts no turn either, and hands the key on.
 	leaving bool
