@@ -453,8 +453,9 @@ func TestMessageSpooledTwiceRunningAtAStopIsNoticedOnce(t *testing.T) {
 // ahead of y's exchange, where it had not been: the agent saw it before y, and it no longer
 // rode with the next message.
 func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
-	for _, text := range []string{"x", "fail"} {
-		t.Run(text, func(t *testing.T) {
+	for _, tc := range []struct{ text, reload string }{{"x", "restart"}, {"fail", "restart"}, {"x", "/resume"}, {"fail", "/resume"}} {
+		text := tc.text
+		t.Run(text+" "+tc.reload, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				dir := t.TempDir()
 				out := &storetest.Outage{}
@@ -476,7 +477,7 @@ func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
 					t.Fatalf("x sent again: %+v, want started", r)
 				}
 				w.answerTo("x")
-				w.deliver(t, "v", "v")
+				r := w.deliver(t, "v", "v")
 				w.answerTo("v")
 				out.Down.Store(false)
 				time.Sleep(2 * time.Second) // the spool replayed
@@ -484,10 +485,14 @@ func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
 				if w.d.Spooling.Load() {
 					t.Fatal("the spool did not drain")
 				}
-				w.stop()
-				synctest.Wait()
-
-				w, _ = spoolWorldThrough(t, dir, out, a, through)
+				if tc.reload == "/resume" {
+					mustCommand(t, w, "n1", "/new")
+					mustCommand(t, w, "r1", "/resume "+r.SessionId)
+				} else {
+					w.stop()
+					synctest.Wait()
+					w, _ = spoolWorldThrough(t, dir, out, a, through)
+				}
 				w.deliver(t, "w", "w")
 				w.answerTo("w")
 				a.mu.Lock()

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -151,6 +152,9 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	// Only what the buffer keeps: a session of months must not be read whole on the actor's
 	// goroutine.
 	msgs, lastSeq, err := s.d.Store.History(s.d.Ctx, target.ID, s.d.Config.HistoryLimit)
+	if err == nil {
+		msgs, err = s.withFailureNotices(target.ID, msgs)
+	}
 	if err != nil {
 		s.logger().Warn("load the history of the session to resume; the user is asked to try again", "session_id", target.ID, logging.Err(err))
 		return nil, "⚠️ Could not load that session right now; please try again.", nil
@@ -192,6 +196,55 @@ func (s *Session) resume(c actor.Context, arg string, now time.Time) ([]persiste
 	}
 	return ops, "⏪ Resumed session " + name + "." + unanswered(dropped), dropped
 }
+
+// withFailureNotices adds to msgs, the conversation rows of session sid that History read for
+// /resume, the notices of its failed turns, which History leaves out: runOrder places a failed
+// message by its turn's notice, as an activation's load, which reads them, does. A message
+// whose write was in the spool twice is stored under its first write's seq, before the rows
+// that came between its two writes; without its turn's notice a failed one came back there
+// at a /resume, ahead of turns that ran before it
+// (TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload). Only when msgs holds a failed
+// message of a turn it holds no answer of does it read the session's rows after that message
+// (in pages, keeping the notices of turns alone), and only the notices join msgs.
+func (s *Session) withFailureNotices(sid string, msgs []persistence.Message) ([]persistence.Message, error) {
+	answered := map[string]bool{}
+	for _, m := range msgs {
+		if m.Role == persistence.RoleAssistant && m.TurnID != "" {
+			answered[m.TurnID] = true
+		}
+	}
+	first := slices.IndexFunc(msgs, func(m persistence.Message) bool {
+		return m.Role == persistence.RoleUser && m.Status == persistence.StatusFailed && m.TurnID != "" && !answered[m.TurnID]
+	})
+	if first < 0 {
+		return msgs, nil // nearly every /resume: no failed turn in its window
+	}
+	var notices []persistence.Message
+	for after := msgs[first].Seq; ; {
+		page, err := s.d.Store.TranscriptAfter(s.d.Ctx, sid, after, noticePage)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, m := range page {
+			if m.Role == persistence.RoleNotice && m.TurnID != "" && m.Active {
+				notices = append(notices, m)
+			}
+		}
+		after = page[len(page)-1].Seq
+	}
+	if len(notices) == 0 {
+		return msgs, nil
+	}
+	out := append(slices.Clone(msgs), notices...)
+	slices.SortFunc(out, func(a, b persistence.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out, nil
+}
+
+// noticePage is how many rows withFailureNotices reads at a time.
+const noticePage = 500
 
 // inflightSeq is the highest message seq of session sid among this session's writes not yet
 // acknowledged: rows the store does not show yet (appended, or moved there by a requeue). A
