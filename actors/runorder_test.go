@@ -178,3 +178,45 @@ func (a *historyAgent) history() []string {
 	}
 	return got
 }
+
+// TestRunOrderKeepsTheConversationOfOrdinaryFailedTurns: a failed turn's notice counts as its
+// reply (f98f13e) for every failed turn, not only a message spooled twice; for the rows an
+// ordinary failed turn leaves, the conversation an agent is given (user and assistant rows,
+// in runOrder's order) is the one it was before, where only notices move. Failed turns with
+// their notices: queued behind an answered turn, two in a row queued, one with a rider (a
+// failed message before it), one then /retry (its row archived, the retried one answered),
+// one whose message is archived (declined, /undo) and only its notice is left, and notices of
+// no turn (a crash's, a quarantine's, a command's) among them.
+func TestRunOrderKeepsTheConversationOfOrdinaryFailedTurns(t *testing.T) {
+	row := func(role, text, turn string) persistence.Message {
+		return persistence.Message{Role: role, Content: text, TurnID: turn}
+	}
+	u := func(text, turn string) persistence.Message { return row(persistence.RoleUser, text, turn) }
+	a := func(text, turn string) persistence.Message { return row(persistence.RoleAssistant, text, turn) }
+	n := func(text, turn string) persistence.Message { return row(persistence.RoleNotice, text, turn) }
+	for _, tc := range []struct {
+		name string
+		rows []persistence.Message
+		want string // the user and assistant rows, in order
+	}{
+		{"failed in turn", []persistence.Message{u("Q1", "t1"), n("N1", "t1"), u("Q2", "t2"), a("A2", "t2")}, "Q1 Q2 A2"},
+		{"failed, queued behind an answered turn", []persistence.Message{u("Q0", "t0"), u("X", "tx"), a("A0", "t0"), n("NX", "tx")}, "Q0 A0 X"},
+		{"failed, two queued behind", []persistence.Message{u("Q0", "t0"), u("X", "tx"), u("Y", "ty"), a("A0", "t0"), n("NX", "tx"), a("AY", "ty")}, "Q0 A0 X Y AY"},
+		{"two failed in a row, queued", []persistence.Message{u("X1", "t1"), u("X2", "t2"), n("N1", "t1"), n("N2", "t2"), u("Q3", "t3"), a("A3", "t3")}, "X1 X2 Q3 A3"},
+		{"failed with a rider", []persistence.Message{u("R", "tr"), n("NR", "tr"), u("X", "tx"), u("Y", "ty"), n("NX", "tx"), a("AY", "ty")}, "R X Y AY"},
+		{"failed, then /retry", []persistence.Message{u("Q0", "t0"), a("A0", "t0"), n("NX", "tx"), u("X'", "tr"), a("AR", "tr")}, "Q0 A0 X' AR"},
+		{"only the notice left, while a turn waits", []persistence.Message{u("Q1", "t1"), n("NX", "tx"), a("A1", "t1"), u("Q2", "t2"), a("A2", "t2")}, "Q1 A1 Q2 A2"},
+		{"notices of no turn while one waits", []persistence.Message{u("X", "tx"), n("crash", ""), u("Y", "ty"), n("quarantined", ""), n("NX", "tx"), n("status", ""), a("AY", "ty")}, "X Y AY"},
+		{"failed, a cut short one behind it", []persistence.Message{u("X", "tx"), u("C", "tc"), n("NX", "tx"), u("I", "ti"), a("AI", "ti")}, "X C I AI"},
+	} {
+		var got []string
+		for _, m := range runOrder(tc.rows) {
+			if m.Role != persistence.RoleNotice {
+				got = append(got, m.Content)
+			}
+		}
+		if s := strings.Join(got, " "); s != tc.want {
+			t.Errorf("%s: the conversation in runOrder = %s, want %s", tc.name, s, tc.want)
+		}
+	}
+}
