@@ -361,6 +361,7 @@ func (m *SessionManager) Receive(c actor.Context) {
 		m.lookupsDue = false
 		m.lookUpHolders(c)
 	case *exchangeAsks:
+		m.armAsks(c)
 		m.onExchangeAsks(c)
 	case *asksExchanged:
 		m.onAsksExchanged(c, msg)
