@@ -97,12 +97,7 @@ func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
 				default:
 					w.awaitTurnEnds(1)
 				}
-				out.Down.Store(false)
-				time.Sleep(2 * time.Second) // the spool replayed
-				synctest.Wait()
-				if w.d.Spooling.Load() {
-					t.Fatal("the spool did not drain")
-				}
+				drainAfter(t, w, out, 2*time.Second) // the spool replayed
 				w.stop()
 				synctest.Wait()
 
@@ -305,12 +300,7 @@ func TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy(t *testing.T) {
 				default:
 					mustCommand(t, w, "c1", how)
 				}
-				out.Down.Store(false)
-				time.Sleep(2 * time.Second) // the spool replayed
-				synctest.Wait()
-				if w.d.Spooling.Load() {
-					t.Fatal("the spool did not drain")
-				}
+				drainAfter(t, w, out, 2*time.Second) // the spool replayed
 				w.stop()
 				synctest.Wait()
 
@@ -358,13 +348,8 @@ func TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce(t *testing.T)
 		if r := spoolTwice(t, w, out, leaky, "x", "boom"); r.Disposition != platforms.Started {
 			t.Fatalf("x sent again: %+v, want started", r)
 		}
-		synctest.Wait() // its turn crashed the session, which waits for the spool to load
-		out.Down.Store(false)
-		time.Sleep(time.Minute) // the spool replayed; the session loaded and ran x again
-		synctest.Wait()
-		if w.d.Spooling.Load() {
-			t.Fatal("the spool did not drain")
-		}
+		synctest.Wait()                    // its turn crashed the session, which waits for the spool to load
+		drainAfter(t, w, out, time.Minute) // the spool replayed; the session loaded and ran x again
 		if n := booms.n.Load(); n != QuarantineAfter {
 			t.Errorf("x ran %d times, want %d (QuarantineAfter)", n, QuarantineAfter)
 		}
@@ -479,12 +464,7 @@ func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
 				w.answerTo("x")
 				r := w.deliver(t, "v", "v")
 				w.answerTo("v")
-				out.Down.Store(false)
-				time.Sleep(2 * time.Second) // the spool replayed
-				synctest.Wait()
-				if w.d.Spooling.Load() {
-					t.Fatal("the spool did not drain")
-				}
+				drainAfter(t, w, out, 2*time.Second) // the spool replayed
 				if tc.reload == "/resume" {
 					mustCommand(t, w, "n1", "/new")
 					mustCommand(t, w, "r1", "/resume "+r.SessionId)
@@ -567,12 +547,7 @@ func TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq(t *testing.T) {
 		}
 		time.Sleep(45 * time.Second) // its turn crashed the session, which waits for the spool to load
 		synctest.Wait()
-		out.Down.Store(false)
-		time.Sleep(5 * time.Second) // the spool replayed; the session loaded and runs x again
-		synctest.Wait()
-		if w.d.Spooling.Load() {
-			t.Fatal("the spool did not drain")
-		}
+		drainAfter(t, w, out, 5*time.Second) // the spool replayed; the session loaded and runs x again
 		if r := w.deliver(t, "y", "boom"); r.Disposition != platforms.Queued {
 			t.Fatalf("y while x runs again: %+v, want queued", r)
 		}
@@ -590,4 +565,16 @@ func TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq(t *testing.T) {
 			}
 		}
 	})
+}
+
+// drainAfter lets the store of w answer again (out) and fails unless the spool drained within
+// d of the bubble's time.
+func drainAfter(t *testing.T, w *managerWorld, out *storetest.Outage, d time.Duration) {
+	t.Helper()
+	out.Down.Store(false)
+	time.Sleep(d)
+	synctest.Wait()
+	if w.d.Spooling.Load() {
+		t.Fatal("the spool did not drain")
+	}
 }
