@@ -8,6 +8,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -324,5 +325,84 @@ func TestUnansweredCommitKeepsItsGroupsRefusals(t *testing.T) {
 	}
 	if n := mustAttempts(t, admin, "s0", 1); n != 1 {
 		t.Errorf("attempts of s0/1 = %d, want 1", n)
+	}
+}
+
+// TestSettledCommitIsConfirmedOnTheSynchronousStandbys: on a server with synchronous
+// replication, a batch of the persistence actor whose COMMIT waits for a standby past the
+// store's Timeout is committed on the server (it marks a transaction committed before that
+// wait, and pgx's cancel request, sent as it closes the connection, ends the wait: the server
+// then commits it on its own), so the settle finds it committed; but no standby has it, and a
+// failover would lose it. The settle confirms it on the standbys with a transaction of its own
+// whose COMMIT waits for them too; here none comes (synchronous_standby_names names one that
+// never connects), so it is not confirmed in time: the write is spooled, not acknowledged as
+// stored. Before, it was acknowledged as stored. The server is the test's own: the setting is
+// the server's, and would hold every commit of the shared one.
+func TestSettledCommitIsConfirmedOnTheSynchronousStandbys(t *testing.T) {
+	srv := pgtest.NewServer(t, "synchronous_standby_names=nosuch")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The tests' server commits asynchronously (synchronous_commit=off), which waits for no
+	// standby: the setup does so, and the store under test commits synchronously.
+	setup, err := Open(ctx, srv.DSN(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close()
+	storetest.MustCommit(t, setup, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1, MessageID: "m0",
+			Active: true, Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	s, err := Open(ctx, srv.DSN()+" synchronous_commit=on", Options{NoMigrate: true, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	sp, err := spool.Open(filepath.Join(t.TempDir(), "spool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	defer system.Shutdown()
+	spoolFiles := make(chan int, 64)
+	pid := system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, s, persistence.ActorOptions{
+		MaxBatch: 64, Spool: sp, ReplayEvery: time.Hour, Log: quiet, // a replay would wait for the standby too
+		SpoolFiles: func(n int) { spoolFiles <- n },
+	})))
+	defer func() { _ = system.Root.StopFuture(pid).Wait() }()
+
+	var mu sync.Mutex
+	var asked []string
+	s.asked = func(status string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, status)
+	}
+	w := &persistence.Write{ID: 1, Ops: []persistence.Op{&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}}
+	v, err := system.Root.RequestFuture(pid, w, time.Minute).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := v.(*persistence.WriteResult); res.Err != nil {
+		t.Fatalf("the write = %v, want nil (spooled)", res.Err)
+	}
+	mu.Lock()
+	got := slices.Clone(asked)
+	mu.Unlock()
+	if len(got) == 0 || !strings.HasPrefix(got[len(got)-1], "committed") {
+		t.Fatalf("the server was asked for the transaction's fate and answered %q, want \"committed\" last: the test does not test", got)
+	}
+	spooled := false
+	for more := true; more; {
+		select {
+		case n := <-spoolFiles:
+			spooled = spooled || n > 0
+		default:
+			more = false
+		}
+	}
+	if !spooled {
+		t.Errorf("the write was acknowledged as stored, not spooled, though no synchronous standby has it (asked: %q)", got)
 	}
 }

@@ -50,8 +50,15 @@ const (
 	// twice), and the run of the server that runs it (serverRun).
 	xactSQL = `SELECT pg_current_xact_id_if_assigned()::text, ` + serverRunSQL
 	// xactStatusSQL asks for a transaction's fate: 'committed', 'aborted', 'in progress', or
-	// NULL when the server no longer keeps it; and the server's run.
-	xactStatusSQL = `SELECT pg_xact_status($1::text::xid8), ` + serverRunSQL
+	// NULL when the server no longer keeps it; the server's run; and whether it has synchronous
+	// standbys, whose commits confirmSQL confirms.
+	xactStatusSQL = `SELECT pg_xact_status($1::text::xid8), ` + serverRunSQL +
+		`, current_setting('synchronous_standby_names') <> ''`
+	// confirmSQL is the one statement of a transaction that confirms a committed one on the
+	// synchronous standbys (xactFate): it writes WAL, a transactional logical message that no
+	// table holds, so its COMMIT waits for them as any commit that writes does (one that only
+	// takes an id, pg_current_xact_id(), writes no WAL, and its COMMIT does not wait).
+	confirmSQL = `SELECT pg_logical_emit_message(true, 'agentgate', '')`
 	// serverRunSQL reads a serverRun.
 	serverRunSQL = `pg_postmaster_start_time(), pg_stat_get_bgwriter_stat_reset_time()`
 )
@@ -135,7 +142,9 @@ func (s *Store) lostFate(ctx context.Context, x xact, await bool) (f fate, why s
 // xactFate asks the server, on another connection of the pool (one it pings first: the server
 // may have ended them all), for the fate of x, whose COMMIT's answer was lost. It asks again
 // while the server still runs x, within ctx: xactAsks times at most, or, when await is set,
-// until ctx ends. why says what left the fate unknown.
+// until ctx ends. why says what left the fate unknown. On a server with synchronous standbys,
+// x found committed is confirmed on them first (confirm), within ctx; unconfirmed, its fate
+// is unknown.
 //
 // await is for a COMMIT that went unanswered in time (unansweredCommit, timedOut): its
 // connection was still open, and the server may still be committing it, for as long as its
@@ -150,8 +159,17 @@ func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why s
 	for ask := 1; ; ask++ {
 		var status pgtype.Text
 		var server serverRun
+		var standbys bool
+		var unconfirmed error // the confirmation's error, of a committed x (confirm)
 		_, err := s.attempt(ctx, true, func(c *pgxpool.Conn) error {
-			return c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server.start, &server.statsReset)
+			unconfirmed = nil
+			if err := c.QueryRow(ctx, xactStatusSQL, x.id.String).Scan(&status, &server.start, &server.statsReset, &standbys); err != nil {
+				return err
+			}
+			if standbys && status.String == "committed" && server.same(x.server) {
+				unconfirmed = confirm(ctx, c)
+			}
+			return nil
 		})
 		if s.asked != nil { // a test's: the answer, or why there is none
 			switch {
@@ -159,6 +177,8 @@ func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why s
 				s.asked("error: " + err.Error())
 			case !status.Valid:
 				s.asked("null")
+			case unconfirmed != nil:
+				s.asked(status.String + ", unconfirmed: " + unconfirmed.Error())
 			default:
 				s.asked(status.String)
 			}
@@ -170,6 +190,9 @@ func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why s
 			return fateUnknown, "the server keeps no record of it"
 		case status.String == "aborted":
 			return fateAborted, ""
+		case status.String == "committed" && server.same(x.server) && unconfirmed != nil:
+			return fateUnknown, fmt.Sprintf("the server committed it, but it was not confirmed on the synchronous standbys "+
+				"(synchronous_standby_names): %v", unconfirmed)
 		case status.String == "committed" && server.same(x.server):
 			return fateCommitted, ""
 		case status.String == "committed":
@@ -189,6 +212,25 @@ func (s *Store) xactFate(ctx context.Context, x xact, await bool) (f fate, why s
 		}
 		wait = min(2*wait, xactWaitMax)
 	}
+}
+
+// confirm runs confirmSQL's transaction on c, the connection that found a transaction
+// committed, so on the same server, and returns its error (nil: confirmed). Its commit record
+// follows the other's in the WAL, and its COMMIT is answered only once the synchronous
+// standbys have it, as synchronous_commit asks: so they have the other's too. No answer
+// within ctx leaves the other unconfirmed. A commit found so may never have reached them: the
+// cancel request pgx sends as it closes a connection whose context ended (a COMMIT unanswered
+// in time) ends a COMMIT's wait for them, and the server then commits it on its own
+// (PostgreSQL's "canceling wait for synchronous replication"), as a session ended while it
+// waits does; and the server marks a transaction committed before that wait, so
+// pg_xact_status says "committed" during it. Before, such a commit was taken as stored, and a
+// failover before the standby had it lost writes acknowledged as stored
+// (TestSettledCommitIsConfirmedOnTheSynchronousStandbys).
+func confirm(ctx context.Context, c *pgxpool.Conn) error {
+	return pgx.BeginTxFunc(ctx, c, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, confirmSQL)
+		return err
+	})
 }
 
 // inTxSettled is inTx for a transaction of the store's own whose caller must not be told it

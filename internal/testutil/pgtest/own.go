@@ -14,9 +14,10 @@ import (
 // the package's shared server (NewDatabase) serves every test of the binary and is never
 // restarted.
 type Server struct {
-	dir  string
-	bin  string
-	cred *credential
+	dir      string
+	bin      string
+	cred     *credential
+	settings []string
 
 	mu sync.Mutex
 	s  *server // the running process
@@ -24,8 +25,10 @@ type Server struct {
 
 // NewServer starts a server of t's own in a temporary directory, reachable over a Unix socket
 // there, and stops and removes it when t ends. Starting one takes an initdb (about a second).
-// It needs no TestMain.
-func NewServer(t testing.TB) *Server {
+// It needs no TestMain. settings ("name=value") are server settings on top of the tests'
+// (postgres -c), for a test that needs a server-level one, such as
+// "synchronous_standby_names=nosuch", which the shared server must not have.
+func NewServer(t testing.TB, settings ...string) *Server {
 	t.Helper()
 	bin, err := binDir()
 	if err != nil {
@@ -39,12 +42,12 @@ func NewServer(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := startIn(dir, bin, cred)
+	s, err := startIn(dir, bin, cred, settings...)
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("start postgres: %v", err)
 	}
-	srv := &Server{dir: dir, bin: bin, cred: cred, s: s}
+	srv := &Server{dir: dir, bin: bin, cred: cred, settings: settings, s: s}
 	t.Cleanup(func() {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
@@ -72,7 +75,7 @@ func (srv *Server) Restart(t testing.TB) {
 	if err := srv.s.halt(); err != nil {
 		t.Fatalf("pgtest: restart: %v\npostgres log:\n%s", err, srv.s.log)
 	}
-	s, err := launch(srv.dir, srv.bin, srv.cred)
+	s, err := launch(srv.dir, srv.bin, srv.cred, srv.settings...)
 	if err != nil {
 		t.Fatalf("pgtest: restart: %v", err)
 	}
@@ -97,8 +100,9 @@ func (s *server) halt() error {
 }
 
 // launch starts postgres on the data directory startIn initialized in dir (again, for a
-// restart), and returns once it accepts connections.
-func launch(dir, bin string, cred *credential) (*server, error) {
+// restart), with settings (NewServer's) after the tests' own, and returns once it accepts
+// connections.
+func launch(dir, bin string, cred *credential, settings ...string) (*server, error) {
 	// Tests need no durability across a crash of the machine; benchmarks measure it.
 	durability := "off"
 	if benchmarking() {
@@ -108,6 +112,9 @@ func launch(dir, bin string, cred *credential) (*server, error) {
 		"-c", "listen_addresses=", "-c", "fsync="+durability, "-c", "synchronous_commit="+durability,
 		"-c", "full_page_writes="+durability, "-c", "max_connections=200", "-c", "lc_messages=C",
 		"-p", port)
+	for _, kv := range settings {
+		cmd.Args = append(cmd.Args, "-c", kv)
+	}
 	cmd.Dir = dir
 	var err error
 	if cmd.SysProcAttr, err = sysProcAttr(cred, true); err != nil {

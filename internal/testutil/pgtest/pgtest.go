@@ -196,7 +196,7 @@ func startServer() (*server, error) {
 	return s, nil
 }
 
-func startIn(dir, bin string, cred *credential) (*server, error) {
+func startIn(dir, bin string, cred *credential, settings ...string) (*server, error) {
 	if cred != nil {
 		if err := os.Chown(dir, cred.uid, cred.gid); err != nil {
 			return nil, err
@@ -214,7 +214,7 @@ func startIn(dir, bin string, cred *credential) (*server, error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 
-	return launch(dir, bin, cred)
+	return launch(dir, bin, cred, settings...)
 }
 
 // drain reads the server's log from r into s.log until the process exits, closes ready when
