@@ -207,7 +207,10 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 				out.lost, settled = nil, true
 			}
 		} else if out.lost != nil && dead && out.xact.read {
-			switch s.lostCommit(ctx, out, !retried) {
+			if s.lost != nil {
+				s.lost(ctx)
+			}
+			switch s.lostCommit(outer, out, !retried) {
 			case fateCommitted, fateEmpty:
 				out.lost = nil
 			case fateAborted:
@@ -229,10 +232,13 @@ func (s *Store) commitTxs(ctx, outer context.Context, fence *stmt, stmts [][]stm
 }
 
 // lostCommit asks for the fate of the transaction of out, whose connection broke once its
-// COMMIT was sent (xactFate), logs it and returns it; again says that an aborted one runs
-// again. Committed, the groups out.lost would fail succeed; aborted and not run again, or
-// unknown, they fail with it. One that wrote nothing (fateEmpty) is not asked for, and succeeds.
-func (s *Store) lostCommit(ctx context.Context, out txOutcome, again bool) fate {
+// COMMIT was sent (xactFate), within a bound of its own (fateBound), logs it and returns it;
+// again says that an aborted one runs again. Committed, the groups out.lost would fail
+// succeed; aborted and not run again, or unknown, they fail with it. One that wrote nothing
+// (fateEmpty) is not asked for, and succeeds.
+func (s *Store) lostCommit(outer context.Context, out txOutcome, again bool) fate {
+	ctx, cancel := s.fateBound(outer)
+	defer cancel()
 	f, why := s.lostFate(ctx, out.xact, false)
 	id := out.xact.id.String
 	switch {

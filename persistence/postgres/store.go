@@ -168,6 +168,9 @@ type Store struct {
 	// acquired, when set (by tests), is called with each connection a call takes from the pool
 	// (attempt), before the call's first statement on it.
 	acquired func(*pgx.Conn)
+	// lost, when set (by tests), is called with the call's context when a connection broke
+	// once its COMMIT was sent, before the transaction's fate is asked (commitTxs, inTxSettled).
+	lost func(ctx context.Context)
 	// asked, when set (by tests), is called with each answer of the server to xactFate's ask
 	// for a transaction's fate: its status, "null" for none, or "error: " and why it could not ask.
 	asked func(status string)

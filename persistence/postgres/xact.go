@@ -233,6 +233,22 @@ func confirm(ctx context.Context, c *pgxpool.Conn) error {
 	})
 }
 
+// fateBound returns the bound within which the fate of a transaction whose connection broke
+// once its COMMIT was sent is asked (lostCommit, inTxSettled): Options.Timeout of its own,
+// within outer, the caller's context, as for one whose COMMIT went unanswered in time
+// (unansweredCommit, timedOut). The call's own bound may be all but spent when the connection
+// breaks: the server ends a session idle in its transaction after Options.Timeout
+// (endSilentTransactions), so a COMMIT lost on its way is cut by the server just as the call's
+// bound runs out, and on a loaded host the server's end can come first. The ask then ran on
+// the call's context, which ended before it could be sent ("context deadline exceeded"): the
+// fate stayed unknown and the writes failed as unavailable, to be spooled and replayed, when
+// the server, asked, would have told that it aborted (or committed) them
+// (TestLostCommitAnswerAsTheCallsBoundRunsOutIsAsked; TestUnansweredCommitOfABatchIsSettled/
+// never_reached_the_server failed so beside CPU load).
+func (s *Store) fateBound(outer context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(outer, s.timeout, s.noAnswer)
+}
+
 // inTxSettled is inTx for a transaction of the store's own whose caller must not be told it
 // failed when it committed: BeginRun, whose record of the run its caller writes again until it
 // is taken (a second record counted an unclean stop of the run itself: a strike against each
@@ -288,7 +304,12 @@ func (s *Store) inTxSettled(ctx, outer context.Context, call string, f func(tx p
 		case !x.read:
 			return err
 		}
-		fate, why := s.lostFate(ctx, x, false)
+		if s.lost != nil {
+			s.lost(ctx)
+		}
+		fctx, cancel := s.fateBound(outer)
+		fate, why := s.lostFate(fctx, x, false)
+		cancel()
 		switch {
 		case fate == fateCommitted || fate == fateEmpty:
 			s.log.Info("a transaction's connection was lost after its COMMIT was sent; the server committed it, or it wrote nothing, so it succeeds",

@@ -701,3 +701,73 @@ func TestKnowsXactsByServerVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestLostCommitAnswerAsTheCallsBoundRunsOutIsAsked: a commit whose connection breaks once its
+// COMMIT was sent (the relay cuts the answer, the server having committed) while the call's
+// bound has time left, and whose bound runs out before the fate is asked (the test holds the
+// ask until it does), is settled on the server's record all the same, asked within a bound of
+// its own (fateBound): a batch's groups succeed, and BeginRun returns the unclean stop it
+// counted. It is what the server's idle_in_transaction_session_timeout, equal to the
+// Timeout, does to a COMMIT lost on its way on a loaded host: it ends the session a moment
+// before the call's bound runs out. Before, the fate was asked on the call's context, ended,
+// and the ask failed ("context deadline exceeded"): the writes failed as unavailable, to be
+// spooled and replayed, their counters counting twice (TestUnansweredCommitOfABatchIsSettled/
+// never_reached_the_server failed so beside CPU load, asked for an aborted transaction).
+func TestLostCommitAnswerAsTheCallsBoundRunsOutIsAsked(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := newCommitRelay(t, dsn)
+	ctx := context.Background()
+	s, err := Open(ctx, r.dsn, Options{Exclusive: true, LockCheckInterval: time.Hour, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin := mustConn(t, dsn)
+	storetest.MustCommit(t, s, &persistence.CreateSession{Session: newSession("s0", "k0")},
+		&persistence.PutRoute{Route: persistence.Route{Key: "k0", SessionID: "s0", Generation: 1, UpdatedAt: t0}},
+		&persistence.AppendMessage{Message: persistence.Message{SessionID: "s0", Seq: 1, MessageID: "m1", Active: true,
+			Role: persistence.RoleUser, Content: "hi", CreatedAt: t0}})
+	if _, err := s.BeginRun(ctx, "r1", t0); err != nil { // a run that dies: the next start counts it
+		t.Fatal(err)
+	}
+	var ended atomic.Int32 // the calls whose bound the test let run out before the ask
+	s.lost = func(ctx context.Context) {
+		<-ctx.Done()
+		ended.Add(1)
+	}
+	defer func() { s.lost = nil }()
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"commit", func() error {
+			err := s.Commit(ctx, [][]persistence.Op{{&persistence.IncrementAttempts{SessionID: "s0", Seqs: []int64{1}}}})[0]
+			if n := mustAttempts(t, admin, "s0", 1); n != 1 {
+				t.Errorf("attempts of s0/1 = %d, want 1 (counted once)", n)
+			}
+			return err
+		}},
+		{"begin run", func() error {
+			stop, err := s.BeginRun(ctx, "r2", t0.Add(time.Minute))
+			if err == nil && (stop == nil || stop.Run != "r1") {
+				t.Errorf("BeginRun counted the unclean stop of %+v, want r1's", stop)
+			}
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := ended.Load()
+			var err error
+			asked := r.cutAnswerOf(t, s, func() { err = tc.call() })
+			if ended.Load() != before+1 {
+				t.Fatal("the call's connection was not lost while its bound ran: the test does not test")
+			}
+			if err != nil {
+				t.Errorf("%s whose answer was lost after the server committed it = %v, want nil", tc.name, err)
+			}
+			if !slices.Equal(asked, []string{"committed"}) {
+				t.Errorf("the server was asked for the transaction's fate and answered %q, want 'committed'", asked)
+			}
+		})
+	}
+}
