@@ -53,10 +53,7 @@ func TestMessageSpooledTwiceIsAnsweredOnce(t *testing.T) {
 	for _, command := range []string{"", "/stop", "/new", "/queue interrupt"} {
 		t.Run(fmt.Sprintf("command=%q", command), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				dir := t.TempDir()
-				out := &storetest.Outage{}
-				leaky := &leakySpool{}
-				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				dir, out, leaky, through := leakyParts(t)
 				a := newRequeueAgent()
 				w, _ := spoolWorldThrough(t, dir, out, a, through)
 				text := "x"
@@ -270,10 +267,7 @@ func TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy(t *testing.T) {
 	for _, how := range []string{"/undo", "/retry", "declined"} {
 		t.Run(how, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				dir := t.TempDir()
-				out := &storetest.Outage{}
-				leaky := &leakySpool{}
-				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				dir, out, leaky, through := leakyParts(t)
 				a := &scriptAgent{}
 				w, _ := spoolWorldThrough(t, dir, out, a, through)
 				w.deliver(t, "m0", "m0")
@@ -335,10 +329,7 @@ func TestRewindOfAMessageSpooledTwiceTakesBackItsStoredCopy(t *testing.T) {
 // the key's next activation counted from zero again, and the message ran 7 times.
 func TestMessageSpooledTwiceThatCrashesItsSessionIsQuarantinedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		out := &storetest.Outage{}
-		leaky := &leakySpool{}
-		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		dir, out, leaky, through := leakyParts(t)
 		a := newRequeueAgent()
 		booms := &boomCounter{Agent: a}
 		w, _ := spoolWorldThrough(t, dir, out, booms, through)
@@ -389,10 +380,7 @@ func (b *boomCounter) Run(ctx context.Context, req *agents.Request) (*agents.Res
 // more.
 func TestMessageSpooledTwiceRunningAtAStopIsNoticedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		out := &storetest.Outage{}
-		leaky := &leakySpool{}
-		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		dir, out, leaky, through := leakyParts(t)
 		a := newRequeueAgent()
 		w, _ := spoolWorldThrough(t, dir, out, a, through)
 		w.deliver(t, "m0", "m0")
@@ -442,10 +430,7 @@ func TestFailedMessageSpooledTwiceKeepsItsPlaceAfterAReload(t *testing.T) {
 		text := tc.text
 		t.Run(text+" "+tc.reload, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				dir := t.TempDir()
-				out := &storetest.Outage{}
-				leaky := &leakySpool{}
-				through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+				dir, out, leaky, through := leakyParts(t)
 				a := &scriptAgent{}
 				w, _ := spoolWorldThrough(t, dir, out, a, through)
 				w.deliver(t, "m0", "m0")
@@ -534,10 +519,7 @@ func (b *slowBoom) runsOf(id string) int {
 // stayed, and y inherited it: quarantined after QuarantineAfter-1 runs.
 func TestCrashOfACopyIsNotChargedToTheNextMessageOfItsSeq(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		out := &storetest.Outage{}
-		leaky := &leakySpool{}
-		through := func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
+		dir, out, leaky, through := leakyParts(t)
 		b := &slowBoom{}
 		w, _ := spoolWorldThrough(t, dir, out, b, through)
 		w.deliver(t, "m0", "m0")
@@ -577,4 +559,13 @@ func drainAfter(t *testing.T, w *managerWorld, out *storetest.Outage, d time.Dur
 	if w.d.Spooling.Load() {
 		t.Fatal("the spool did not drain")
 	}
+}
+
+// leakyParts returns what a world whose spool may keep a batch it reports failed is built of
+// (spoolWorldThrough): its data directory, the store's outage switch, the leaky spool, and the
+// wrap that puts the leaky spool around the world's.
+func leakyParts(t *testing.T) (dir string, out *storetest.Outage, leaky *leakySpool,
+	through func(persistence.Spooler) persistence.Spooler) {
+	leaky = &leakySpool{}
+	return t.TempDir(), &storetest.Outage{}, leaky, func(s persistence.Spooler) persistence.Spooler { leaky.Spooler = s; return leaky }
 }
