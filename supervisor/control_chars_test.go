@@ -20,6 +20,7 @@ import (
 	"github.com/agentgate/agentgate/persistence"
 	"github.com/agentgate/agentgate/platforms/discord/discordtest"
 	httpplatform "github.com/agentgate/agentgate/platforms/http"
+	"github.com/agentgate/agentgate/platforms/platformtest"
 )
 
 // TestAgentControlCharactersReachNoChat: an exec command's reply with control characters, a NUL
@@ -149,15 +150,26 @@ func TestDraftShowsNoControlCharacters(t *testing.T) {
 		{"half a character", []string{"ab\xf0\x9f"}, "ab\U0001F600", []string{"ab", "ab\U0001F600"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			agent := agents.Func(func(_ context.Context, req *agents.Request) (*agents.Response, error) {
+			// The turn ends once its draft shows: a draft is posted only once the platform has
+			// read the drafts earlier runs left (draftsHeld), and a turn that ended before that
+			// read was answered (a loaded host) posted its reply without one.
+			shown := make(chan struct{})
+			agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 				for _, p := range tc.partials {
 					req.Partial(p)
+				}
+				select {
+				case <-shown:
+				case <-ctx.Done():
+					return nil, ctx.Err()
 				}
 				return &agents.Response{Text: tc.final}, nil
 			})
 			r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
 			defer r.stop(t)
 			r.inject(t, dm, "m1", "hello")
+			r.waitDrafts(t, "the draft", func(ds []platformtest.Draft) bool { return len(ds) == 1 && len(ds[0].Texts) > 0 })
+			close(shown)
 			r.waitSent(t, 1)
 			waitUntil(t, func() bool { ds := r.editor.Drafts(); return len(ds) != 1 || ds[0].Final })
 			if ds := r.editor.Drafts(); len(ds) != 1 || !slices.Equal(ds[0].Texts, tc.want) {

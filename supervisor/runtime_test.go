@@ -570,18 +570,37 @@ func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 // actor's memory and open in the store (one per chat, for as long as the daemon ran), showing
 // a half answer as if still alive.
 func TestQuarantinedTurnsDraftIsClosed(t *testing.T) {
+	const chats = 3
+	// Each chat's first turn crashes once its draft shows: a draft is posted only once the
+	// platform has read the drafts earlier runs left (draftsHeld), and turns that all crashed
+	// before that read was answered (a loaded host) posted none.
+	var mu sync.Mutex
+	ran := map[string]bool{}
+	shown := make(chan struct{})
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		req.Partial("half an answer for " + req.Identity.ChatID)
+		mu.Lock()
+		first := !ran[req.Identity.ChatID]
+		ran[req.Identity.ChatID] = true
+		mu.Unlock()
+		if first {
+			select {
+			case <-shown:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		panic("agent crashed mid-stream")
 	})
 	r := MustStartDaemon(t, agent, daemonOpts{editor: true, draftInterval: time.Nanosecond})
 	defer r.stop(t)
-	const chats = 3
 	for i := range chats {
 		src := dm
 		src.ChatID = fmt.Sprint("poison-", i)
 		r.inject(t, src, fmt.Sprint("m", i), "question")
 	}
+	r.waitDrafts(t, "each chat's first draft", func(ds []platformtest.Draft) bool { return len(ds) == chats })
+	close(shown)
 	for i := range chats {
 		r.waitReplyTo(t, fmt.Sprint("m", i)) // the quarantine notice
 	}
