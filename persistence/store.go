@@ -155,7 +155,10 @@ type Route struct {
 
 // OutboxEntry is one reply or notice, recorded before it is sent. (SessionKey, Seq) is its
 // identity; Seq increases per session key across incarnations and is the SSE event id. An entry
-// is undelivered while its State is DeliveryPending; once delivered it stays delivered.
+// is undelivered while its State is DeliveryPending; once delivered it stays delivered. Attempts
+// counts the sends tried to deliver it as of its last mark (MarkDelivery.Attempt): the tries of
+// a pending entry that failed and were retried are counted by the mark that ends them (delivered,
+// or failed for good).
 type OutboxEntry struct {
 	SessionKey  string
 	Seq         int64
@@ -228,9 +231,11 @@ type Unread struct {
 }
 
 // Op is one write. The concrete types below are the only implementations. Every op is
-// idempotent (re-sending a write whose acknowledgement was lost is harmless) except the two
-// counters, IncrementAttempts and MarkDelivery, which count each application. AddUsage adds,
-// but once per turn, so it is idempotent too.
+// idempotent (re-sending a write whose acknowledgement was lost is harmless, and so is a spool
+// replay of a batch that was in fact committed), but for what spools written by older binaries
+// may hold: an IncrementAttempts, which the runtime no longer writes, and a MarkDelivery without
+// its Attempt, each of which counts each application. AddUsage adds, but once per turn, so it is
+// idempotent too.
 type Op interface{ isOp() }
 
 // CreateSession inserts a session row with its full identity. Re-applying it is a no-op.
@@ -299,7 +304,8 @@ type SetMessageStatus struct {
 }
 
 // IncrementAttempts counts one crash against rows of one session. It counts each application:
-// a re-sent IncrementAttempts counts twice (use SetAttempts where a write may be re-sent).
+// a re-sent IncrementAttempts counts twice (use SetAttempts where a write may be re-sent). The
+// runtime no longer writes it; it is kept for the spools of older binaries, which may hold it.
 type IncrementAttempts struct {
 	SessionID string
 	Seqs      []int64
@@ -372,14 +378,21 @@ type AddUsage struct {
 	OutputTokens int64
 }
 
-// MarkDelivery records the delivery state of an outbox entry and counts one delivery attempt
-// per application. Delivered is final: marking a delivered entry (with any state) changes
-// nothing, not even its attempts.
+// MarkDelivery records the delivery state of an outbox entry and its delivery attempts: the
+// entry's Attempts become the larger of the stored count and Attempt, so re-applying a mark (a
+// write re-sent, or a spool replay of a batch that was committed) counts its attempt once, and a
+// late mark of an earlier attempt never lowers the count. Delivered is final: marking a
+// delivered entry (with any state) changes nothing, not even its attempts.
 type MarkDelivery struct {
 	SessionKey string
 	Seq        int64
 	State      string
 	At         time.Time
+	// Attempt is the number of the delivery attempt the mark ends, from 1: the entry's
+	// Attempts as it was loaded, plus the sends tried since, this one included. Zero is a mark
+	// spooled by an older binary, which had no number: it counts one attempt more at each
+	// application, as such marks always did. It is never negative.
+	Attempt int
 }
 
 // OpenDraft records a posted draft. Re-applying it is a no-op.

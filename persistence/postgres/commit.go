@@ -59,10 +59,12 @@ const (
 	addOutboxSQL = `INSERT INTO outbox (` + outboxCols + `)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 		ON CONFLICT (session_key, seq) DO NOTHING`
-	// Delivered is final: a late failure report or a re-sent mark does not undo it.
+	// Delivered is final: a late failure report or a re-sent mark does not undo it. The
+	// attempts keep the larger count, so a mark applied again counts its attempt once; a mark
+	// without a number (0: spooled by an older binary) counts one more, as it always did.
 	markDeliverySQL = `UPDATE outbox SET state = $1::text,
 			delivered_at = CASE WHEN $1::text = 'delivered' THEN $2::bigint ELSE delivered_at END,
-			attempts = attempts + 1
+			attempts = CASE WHEN $5::integer > 0 THEN GREATEST(attempts, $5::integer) ELSE attempts + 1 END
 		WHERE session_key = $3 AND seq = $4 AND state <> 'delivered'`
 	// A turn's usage is recorded once; only a first recording adds to its session.
 	addUsageSQL = `WITH recorded AS (
@@ -496,8 +498,9 @@ func verifyMessage(ctx context.Context, tx pgx.Tx, m *persistence.Message) error
 }
 
 // groupStmts returns the statements of one group, or the error of its first op that is invalid
-// on its face. Every op is idempotent except the counters (IncrementAttempts, and MarkDelivery
-// of a non-delivered state), which count each application; AddUsage adds once per turn. lease
+// on its face. Every op is idempotent but those of older binaries' spools that count each
+// application (IncrementAttempts, and a MarkDelivery without its Attempt, of a non-delivered
+// entry); AddUsage adds once per turn. lease
 // gives the epoch of a lease the store took (Store.leaseEpoch).
 func groupStmts(ops []persistence.Op, lease func(name string) (int64, bool)) ([]stmt, error) {
 	var out []stmt
@@ -619,7 +622,10 @@ func groupStmts(ops []persistence.Op, lease func(name string) (int64, bool)) ([]
 			if o == nil || o.State == "" {
 				return nil, errors.New("mark delivery: state required")
 			}
-			add(markDeliverySQL, o.State, timeArg(o.At), o.SessionKey, o.Seq)
+			if o.Attempt < 0 {
+				return nil, fmt.Errorf("mark delivery %s/%d: negative attempt %d", o.SessionKey, o.Seq, o.Attempt)
+			}
+			add(markDeliverySQL, o.State, timeArg(o.At), o.SessionKey, o.Seq, o.Attempt)
 		case *persistence.AddUsage:
 			if o == nil || o.SessionID == "" || o.TurnID == "" {
 				return nil, errors.New("add usage: session id and turn id required")

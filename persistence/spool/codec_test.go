@@ -60,7 +60,7 @@ func opSamples() []persistence.Op {
 			ThreadID: "t1", UserID: "u1", State: persistence.DeliveryPending, Attempts: 1,
 			CreatedAt: t0, DeliveredAt: t0.Add(time.Second).In(cest), Continued: true,
 		}},
-		&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryDelivered, At: t0.Add(2)},
+		&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryDelivered, At: t0.Add(2), Attempt: 3},
 		&persistence.AddUsage{SessionID: "s-1", TurnID: "turn-1", InputTokens: 812, OutputTokens: 96},
 		&persistence.OpenDraft{Draft: persistence.Draft{Platform: "discord", ID: "1300", SessionKey: "k",
 			TurnID: "turn-1", ChatType: "thread", ChatID: "c", ThreadID: "th", Run: "r_1", CreatedAt: t0.Add(3)}},
@@ -212,6 +212,31 @@ func TestEncodeOpsFormat(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("encoded document mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// TestMarkDeliveryOfAnOlderBinaryDecodes: a MarkDelivery an older binary spooled has no
+// Attempt (the field came later). It decodes, with Attempt zero, which the stores apply as such
+// marks always were: one attempt more (storetest's DeliveryAttempts). A new mark keeps its
+// number.
+func TestMarkDeliveryOfAnOlderBinaryDecodes(t *testing.T) {
+	const old = `{"version":1,"created_at":"2025-06-01T12:30:45Z","groups":[[` +
+		`{"type":"MarkDelivery","op":{"SessionKey":"k","Seq":11,"State":"failed","At":"2025-06-01T12:30:46Z"}}]]}`
+	groups, _, err := DecodeOps([]byte(old))
+	if err != nil {
+		t.Fatalf("DecodeOps(an older binary's MarkDelivery) error: %v", err)
+	}
+	want := [][]persistence.Op{{&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryFailed,
+		At: time.Date(2025, 6, 1, 12, 30, 46, 0, time.UTC)}}}
+	if diff := cmp.Diff(want, groups); diff != "" {
+		t.Errorf("DecodeOps(an older binary's MarkDelivery) mismatch (-want +got):\n%s", diff)
+	}
+	data, err := encode([][]persistence.Op{{&persistence.MarkDelivery{SessionKey: "k", Seq: 11, State: persistence.DeliveryFailed, Attempt: 2}}}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"Attempt":2`) {
+		t.Errorf("EncodeOps(MarkDelivery{Attempt: 2}) = %s, want it to hold \"Attempt\":2", data)
 	}
 }
 

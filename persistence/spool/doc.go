@@ -14,7 +14,11 @@
 // Each op is tagged with the name of its concrete persistence type and carries that struct's
 // fields under their Go names; times are RFC 3339 with nanoseconds, so they round-trip exactly.
 // Decoding is strict: an unknown version, op type or field is an error, never a silently
-// incomplete write.
+// incomplete write. A field added to an op later is absent from what older binaries spooled and
+// decodes as its zero value, which the op reads as the older meaning (MarkDelivery.Attempt: zero
+// counts one attempt more, as marks without it always did; TestMarkDeliveryOfAnOlderBinaryDecodes).
+// The other way round does not hold: an older binary quarantines a batch that holds a field it
+// does not know, so a downgrade should find the spool empty.
 //
 // Concurrency: nothing in this package runs in the background. A Spool belongs to one goroutine,
 // the persistence actor, which calls it from Receive; it is not safe for concurrent use, and one
@@ -23,8 +27,8 @@
 //
 // Replay is at least once: a crash between a successful replay and Remove replays the batches
 // that transaction took again after restart, in order, exactly like re-sent persistence.Writes
-// (almost every Op is idempotent; see the Store implementation for the few that count each
-// application).
+// (every Op the runtime writes is idempotent; see persistence.Op for the older binaries' ops
+// that count each application).
 //
 // It imports only persistence and the standard library; it must not import actors, supervisor,
 // platforms or a database driver.

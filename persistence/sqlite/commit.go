@@ -86,10 +86,12 @@ var writeSQL = [numStmts]string{
 	stAddOutbox: `INSERT INTO outbox (` + outboxCols + `)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (session_key, seq) DO NOTHING`,
-	// Delivered is final: a late failure report or a re-sent mark does not undo it.
+	// Delivered is final: a late failure report or a re-sent mark does not undo it. The
+	// attempts keep the larger count, so a mark applied again counts its attempt once; a mark
+	// without a number (0: spooled by an older binary) counts one more, as it always did.
 	stMarkDelivery: `UPDATE outbox SET state = ?1,
 			delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 ELSE delivered_at END,
-			attempts = attempts + 1
+			attempts = CASE WHEN ?5 > 0 THEN MAX(attempts, ?5) ELSE attempts + 1 END
 		WHERE session_key = ?3 AND seq = ?4 AND state <> 'delivered'`,
 	// A turn's usage is recorded once; only a first recording adds to its session.
 	stInsertTurnUsage: `INSERT INTO turn_usage (session_id, turn_id, input_tokens, output_tokens)
@@ -401,9 +403,9 @@ func (t *txn) group(ops []persistence.Op, savepoints bool) error {
 	return nil
 }
 
-// apply runs one op. Every op is idempotent except the counters (IncrementAttempts, and
-// MarkDelivery of a non-delivered state), which count each application; AddUsage adds once
-// per turn.
+// apply runs one op. Every op is idempotent but those of older binaries' spools that count
+// each application (IncrementAttempts, and a MarkDelivery without its Attempt, of a
+// non-delivered entry); AddUsage adds once per turn.
 func (t *txn) apply(op persistence.Op) error {
 	if t.fault != nil {
 		if err := t.fault(op); err != nil {
@@ -524,7 +526,10 @@ func (t *txn) apply(op persistence.Op) error {
 		if o == nil || o.State == "" {
 			return errors.New("mark delivery: state required")
 		}
-		_, err := t.exec(stMarkDelivery, o.State, timeArg(o.At), o.SessionKey, o.Seq)
+		if o.Attempt < 0 {
+			return fmt.Errorf("mark delivery %s/%d: negative attempt %d", o.SessionKey, o.Seq, o.Attempt)
+		}
+		_, err := t.exec(stMarkDelivery, o.State, timeArg(o.At), o.SessionKey, o.Seq, o.Attempt)
 		return wrap(err, "mark delivery %s/%d", o.SessionKey, o.Seq)
 	case *persistence.AddUsage:
 		if o == nil || o.SessionID == "" || o.TurnID == "" {

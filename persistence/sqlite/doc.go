@@ -24,8 +24,9 @@
 // a user message stored with an empty status is pending, an outbox entry with an empty state is
 // pending; a delivered outbox entry stays delivered; EndSession needs a time; TouchSession with
 // the zero time does nothing; an AppendMessage whose (session id, seq) holds a different row
-// fails with ErrConflict. Only IncrementAttempts and MarkDelivery of a non-delivered state count
-// each application; SetAttempts keeps the larger count; AddUsage adds a turn's tokens to its
+// fails with ErrConflict. SetAttempts, and MarkDelivery with its Attempt, keep the larger count;
+// only what an older binary's spool may hold counts each application (IncrementAttempts, and a
+// MarkDelivery without its Attempt, of a non-delivered entry); AddUsage adds a turn's tokens to its
 // session once (turn_usage remembers the turns recorded). Pending messages are the active ones:
 // an archived message is never re-run.
 //

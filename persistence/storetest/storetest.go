@@ -28,6 +28,7 @@ func Run(t *testing.T, open func(t *testing.T) persistence.Store) {
 		{"CreateSessionIdentity", testCreateSessionIdentity},
 		{"IdempotentReapply", testIdempotentReapply},
 		{"Counters", testCounters},
+		{"DeliveryAttempts", testDeliveryAttempts},
 		{"GroupAtomicity", testGroupAtomicity},
 		{"FailedTransaction", testFailedTransaction},
 		{"EmptyCommit", testEmptyCommit},

@@ -98,8 +98,9 @@ func testIdempotentReapply(t *testing.T, s persistence.Store) {
 	}
 }
 
-// testCounters checks the two ops that count each application (so they are not idempotent)
-// and that a delivered outbox entry stays delivered.
+// testCounters checks the two ops that count each application (so they are not idempotent):
+// IncrementAttempts and a MarkDelivery without its Attempt, as the spools of older binaries hold
+// them. And that a delivered outbox entry stays delivered.
 func testCounters(t *testing.T, s persistence.Store) {
 	ctx := context.Background()
 	start(t, s, "s1", "k1", 1)
@@ -143,6 +144,54 @@ func testCounters(t *testing.T, s persistence.Store) {
 			t.Errorf("step %d: DeliveredAt = %v, want %v", i, e.DeliveredAt, at(4))
 		}
 	}
+}
+
+// testDeliveryAttempts: a MarkDelivery with its attempt's number keeps the larger count, so a
+// mark applied twice (a write re-sent, a spool replay of a batch that was committed) counts its
+// attempt once and a late mark of an earlier attempt does not lower it; a mark without a number
+// (an older binary's spool) still counts one more; delivered stays final.
+func testDeliveryAttempts(t *testing.T, s persistence.Store) {
+	ctx := context.Background()
+	start(t, s, "s1", "k1", 1)
+	MustCommit(t, s, &persistence.AddOutbox{Entry: outboxEntry("k1", 1, "s1", "m1")})
+	mark := func(state string, attempt int) *persistence.MarkDelivery {
+		return &persistence.MarkDelivery{SessionKey: "k1", Seq: 1, State: state, At: at(4), Attempt: attempt}
+	}
+	failed := persistence.DeliveryFailed
+	delivered := persistence.DeliveryDelivered
+	steps := []struct {
+		name     string
+		ops      []persistence.Op
+		state    string
+		attempts int
+	}{
+		{"attempt 2", []persistence.Op{mark(failed, 2)}, failed, 2},
+		{"attempt 2 applied again", []persistence.Op{mark(failed, 2)}, failed, 2},
+		{"attempt 2 twice in one group", []persistence.Op{mark(failed, 2), mark(failed, 2)}, failed, 2},
+		{"a late attempt 1", []persistence.Op{mark(failed, 1)}, failed, 2},
+		{"a mark without a number adds one", []persistence.Op{mark(failed, 0)}, failed, 3},
+		{"attempt 3 is no more", []persistence.Op{mark(failed, 3)}, failed, 3},
+		{"attempt 5 delivered", []persistence.Op{mark(delivered, 5)}, delivered, 5},
+		{"attempt 5 delivered applied again", []persistence.Op{mark(delivered, 5)}, delivered, 5},
+		{"delivered is final", []persistence.Op{mark(failed, 7), mark(failed, 0)}, delivered, 5},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			MustCommit(t, s, st.ops...)
+			es := check(s.OutboxAfter(ctx, "k1", 0, 0)).must(t, "OutboxAfter")
+			if len(es) != 1 {
+				t.Fatalf("OutboxAfter returned %d entries, want 1", len(es))
+			}
+			if e := es[0]; e.State != st.state || e.Attempts != st.attempts {
+				t.Errorf("state %q attempts %d, want %q %d", e.State, e.Attempts, st.state, st.attempts)
+			}
+		})
+	}
+	t.Run("a negative attempt is refused", func(t *testing.T) {
+		if err := s.Commit(ctx, [][]persistence.Op{{mark(failed, -1)}})[0]; err == nil {
+			t.Errorf("Commit(MarkDelivery{Attempt: -1}) = nil, want an error")
+		}
+	})
 }
 
 func testGroupAtomicity(t *testing.T, s persistence.Store) {
