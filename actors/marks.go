@@ -27,15 +27,16 @@ import (
 // delivery is at least once, as it already is for a crash between a send and its mark. Discord
 // sends carry a nonce derived from the outbox entry and the HTTP API's event stream is replayed
 // by seq, so a client sees a re-sent reply at most as a repeat of the same seq. A mark write
-// whose answer does not come is sent again after resendAfter: MarkDelivery counts attempts, so a
-// re-applied "failed" mark counts one attempt more (a "delivered" mark is final and re-applies
-// as a no-op). A mark write refused because the store cannot be written (the database and the
-// spool failing: persistence.ErrUnavailable) is kept, in order, and written again after
-// resendAfter; before, it was dropped, and the replies it marked were sent again at the next
-// start although they had reached the user (TestMarksRefusedAsUnavailableAreWrittenLater, found
-// by TestOutageHunt). A mark write that fails otherwise is split into one write per mark, so one
-// bad entry never loses the others' marks; those are logged, not retried, like a single mark's
-// failure was.
+// whose answer does not come is sent again after resendAfter: a mark carries the number of
+// attempts made (MarkDelivery.Attempt, job.tries), so a re-applied mark counts them once, as
+// does a spool replay of a mark write that was committed (a "delivered" mark is final and
+// re-applies as a no-op anyway). A mark write refused because the store cannot be written (the
+// database and the spool failing: persistence.ErrUnavailable) is kept, in order, and written
+// again after resendAfter; before, it was dropped, and the replies it marked were sent again at
+// the next start although they had reached the user
+// (TestMarksRefusedAsUnavailableAreWrittenLater, found by TestOutageHunt). A mark write that
+// fails otherwise is split into one write per mark, so one bad entry never loses the others'
+// marks; those are logged, not retried, like a single mark's failure was.
 
 // msgMarkFailed says that a delivery mark (or a draft's record) was not written and is not
 // tried again: its reply stays unconfirmed in the outbox, and is sent again when its session

@@ -245,10 +245,14 @@ type Quiesced struct{}
 
 // SendOutbound asks a platform actor to send one recorded outbound message. Again marks a
 // reply that a loading session found unconfirmed in the store and hands over again: the
-// platform actor may still hold it (queued, or sent with its mark not yet written).
+// platform actor may still hold it (queued, or sent with its mark not yet written). Attempts
+// are the delivery attempts the store counts for it (persistence.OutboxEntry.Attempts, as it
+// was loaded; 0 for a new entry): the platform actor numbers its tries on from there
+// (persistence.MarkDelivery.Attempt).
 type SendOutbound struct {
-	Out   *platforms.Outbound
-	Again bool
+	Out      *platforms.Outbound
+	Again    bool
+	Attempts int
 }
 
 // sendDone is the result of one platforms.Platform.Send, from the sending goroutine.

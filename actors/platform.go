@@ -70,6 +70,11 @@ type recordOps struct{}
 type job struct {
 	out       *platforms.Outbound
 	draftTurn string // set for a draft job: the turn whose draft it posts or edits
+	// tries are the delivery attempts of out: the store's count it came with
+	// (SendOutbound.Attempts) and each send of it started since. Its mark carries them
+	// (MarkDelivery.Attempt, at least 1), so that a mark applied twice (a spool replay of a
+	// batch that was committed) counts them once.
+	tries int
 }
 
 var (
@@ -196,7 +201,7 @@ func (a *Platform) Receive(c actor.Context) {
 		if d := a.drafts[out.TurnID]; d != nil && d.key == k {
 			d.replied = true // its final outbound is queued: it no longer waits for it (finishWait)
 		}
-		a.queues[k] = append(a.queues[k], &job{out: out})
+		a.queues[k] = append(a.queues[k], &job{out: out, tries: m.Attempts})
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)
@@ -351,6 +356,7 @@ func (a *Platform) pump(c actor.Context, key string) {
 		a.sendDraft(c, key, q[0].draftTurn)
 	} else {
 		q[0].out = a.finishesDraft(c, q[0].out)
+		q[0].tries++
 		out, p, self, root := q[0].out, a.p, c.Self(), c.ActorSystem().Root
 		ctx, log := a.d.Ctx, a.log
 		go func() {
@@ -442,9 +448,13 @@ func (a *Platform) onSent(c actor.Context, m *sendDone) {
 type retrySendHeld struct{ key string }
 
 func (a *Platform) finishHead(c actor.Context, key string, out *platforms.Outbound, state string) {
+	attempt := 1 // (the head is out's job, whose send started)
+	if q := a.queues[key]; len(q) > 0 && q[0].draftTurn == "" && q[0].out == out {
+		attempt = max(q[0].tries, 1)
+	}
 	delete(a.attempts, key)
 	a.popHead(key)
-	a.mark(c, &persistence.MarkDelivery{SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now()})
+	a.mark(c, &persistence.MarkDelivery{SessionKey: out.SessionKey, Seq: out.Seq, State: state, At: a.d.now(), Attempt: attempt})
 	a.pump(c, key)
 }
 

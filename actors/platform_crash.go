@@ -163,5 +163,6 @@ func (a *Platform) dropJob(c actor.Context, j jobRef) {
 	a.log.Error("a reply was being handled during 2 crashes of the platform actor; recorded as failed",
 		"session", j.key, "seq", j.seq, "kind", jb.out.Kind)
 	a.d.Metrics.OutboundTotal.WithLabelValues(a.p.Name(), "error").Inc()
-	a.mark(c, &persistence.MarkDelivery{SessionKey: j.key, Seq: j.seq, State: persistence.DeliveryFailed, At: a.d.now()})
+	a.mark(c, &persistence.MarkDelivery{SessionKey: j.key, Seq: j.seq, State: persistence.DeliveryFailed, At: a.d.now(),
+		Attempt: max(jb.tries, 1)})
 }

@@ -188,6 +188,20 @@ func (w *platformWorld) states(t *testing.T) string {
 	return fmt.Sprint(s)
 }
 
+// attempts returns the delivery attempts of crashKey's outbox entries, in seq order.
+func (w *platformWorld) attempts(t *testing.T) string {
+	t.Helper()
+	es, err := w.store.OutboxAfter(t.Context(), crashKey, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s []string
+	for _, e := range es {
+		s = append(s, fmt.Sprintf("%d:%d", e.Seq, e.Attempts))
+	}
+	return fmt.Sprint(s)
+}
+
 // sent returns the seqs the platform delivered, in order.
 func (w *platformWorld) sent() string {
 	var seqs []int64
@@ -297,7 +311,8 @@ func TestRestartedPlatformKeepsOneRunLoop(t *testing.T) {
 
 // TestJobThatCrashesThePlatformTwiceFails: a reply whose handling panics the platform actor
 // every time (here: relaying it to the other members) is recorded as failed after it was being
-// handled during 2 crashes, and the key's later replies are delivered.
+// handled during 2 crashes, and the key's later replies are delivered. Its outbox entry counts
+// the two sends tried (before, its mark counted one).
 func TestJobThatCrashesThePlatformTwiceFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &faultyPlatform{EditorFake: platformtest.NewEditorFake("fake")}
@@ -322,6 +337,9 @@ func TestJobThatCrashesThePlatformTwiceFails(t *testing.T) {
 		}
 		if got := w.sent(); got != "[1 2 2 3]" {
 			t.Errorf("sent %s, want [1 2 2 3] (2 sent again after the first crash)", got)
+		}
+		if got, want := w.attempts(t), "[1:1 2:2 3:1]"; got != want {
+			t.Errorf("outbox attempts %s, want %s (2 tried twice)", got, want)
 		}
 		mu.Lock()
 		defer mu.Unlock()

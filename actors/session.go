@@ -577,7 +577,7 @@ func (s *Session) load(c actor.Context) {
 		}
 	}
 	for i := range snap.Unconfirmed {
-		s.sendOutboundAgain(c, OutboundFromEntry(&snap.Unconfirmed[i]))
+		s.sendOutboundAgain(c, &snap.Unconfirmed[i])
 	}
 	s.resumeAside(c)
 	s.setAsideLeftBehind(c, snap)

@@ -88,9 +88,10 @@ func (s *Session) sendOutbound(c actor.Context, out *platforms.Outbound) {
 	s.toPlatform(c, &SendOutbound{Out: out})
 }
 
-// sendOutboundAgain hands over a reply the store shows unconfirmed at load (SendOutbound.Again).
-func (s *Session) sendOutboundAgain(c actor.Context, out *platforms.Outbound) {
-	s.toPlatform(c, &SendOutbound{Out: out, Again: true})
+// sendOutboundAgain hands over a reply the store shows unconfirmed at load (SendOutbound.Again),
+// with the delivery attempts the store counts for it.
+func (s *Session) sendOutboundAgain(c actor.Context, e *persistence.OutboxEntry) {
+	s.toPlatform(c, &SendOutbound{Out: OutboundFromEntry(e), Again: true, Attempts: e.Attempts})
 }
 
 func (s *Session) toPlatform(c actor.Context, m *SendOutbound) {
