@@ -264,6 +264,10 @@ func TestOpenAIStreamsIntoADraft(t *testing.T) {
 // interrupted and never finished, and only the new message is answered (in a draft of its own).
 func TestOpenAIInterruptCancelsTheRequest(t *testing.T) {
 	cancelled := make(chan struct{})
+	// The second answer ends once its draft shows: a turn that ended before its draft was
+	// posted (the post queued behind draft-1's interrupted mark, on a loaded host) sends its
+	// reply without one.
+	shown := make(chan struct{})
 	m := newModel(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -273,7 +277,7 @@ func TestOpenAIInterruptCancelsTheRequest(t *testing.T) {
 			close(cancelled)
 			return
 		}
-		openaitest.WriteStream(w, r, nil, 7, 2, "second")
+		openaitest.WriteStream(w, r, shown, 7, 2, "second", "")
 	})
 	r := MustStartDaemon(t, nil, daemonOpts{editor: true, draftInterval: time.Nanosecond,
 		tweak: func(c *config.Config) { useOpenAI(t, m, nil)(c); c.Sessions.Queue.Mode = "interrupt" }})
@@ -288,6 +292,8 @@ func TestOpenAIInterruptCancelsTheRequest(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the model never saw the interrupted request cancelled")
 	}
+	r.waitDrafts(t, "draft of m2", draftShows(2, "second"))
+	close(shown)
 	r.waitReplyTo(t, "m2")
 	ds := r.waitDrafts(t, "interrupted mark", draftShows(1, "partial answer"+"\n\n⏹ (interrupted)"))
 	if ds[0].Final || len(ds) != 2 || !ds[1].Final || ds[1].Text() != "second" {
