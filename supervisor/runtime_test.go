@@ -535,13 +535,21 @@ func TestCrashIsolation(t *testing.T) {
 // interrupted, and the rerun answers in a draft of its own.
 func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 	var calls atomic.Int32
-	shown := make(chan struct{})
+	// The rerun ends once its draft shows, too: a turn that ended before its draft was posted
+	// (the post queued behind the crashed draft's interrupted mark, on a loaded host) sends its
+	// reply without one.
+	shown, rerunShown := make(chan struct{}), make(chan struct{})
 	agent := agents.Func(func(ctx context.Context, req *agents.Request) (*agents.Response, error) {
 		n := calls.Add(1)
 		req.Partial(fmt.Sprintf("half an answer (%d)", n))
 		if n == 1 {
 			<-shown // the draft is posted: now crash the session
 			panic("agent crashed mid-stream")
+		}
+		select {
+		case <-rerunShown:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 		return &agents.Response{Text: "the whole answer"}, nil
 	})
@@ -552,6 +560,8 @@ func TestCrashedTurnsDraftIsMarkedInterrupted(t *testing.T) {
 		return len(ds) == 1 && ds[0].Text() == "half an answer (1)"
 	})
 	close(shown)
+	r.waitDrafts(t, "the rerun's draft", draftShows(2, "half an answer (2)"))
+	close(rerunShown)
 	r.waitReplyTo(t, "m1")
 	waitUntil(t, func() bool {
 		ds := r.editor.Drafts()
