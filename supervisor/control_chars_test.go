@@ -43,7 +43,6 @@ func TestAgentControlCharactersReachNoChat(t *testing.T) {
 	agent := MustExecAgent(t, `if grep -q '"text":"first"'; then printf '\007\010\001\177\n'; else printf 'a\007b\000c\377d\033[1mbold\033[0m\r\nend\t\302\205x\n'; fi`)
 	var logs testutil.Buffer
 	r := MustStartDaemon(t, agent, daemonOpts{logs: &logs, tweak: func(c *config.Config) {
-		c.HTTP.Addr = "127.0.0.1:23040"
 		c.Platforms.Discord.Enabled, c.Platforms.Discord.APIURL = true, srv.APIURL()
 		c.Platforms.Discord.TokenEnv = "AGTEST_BOT_TOKEN"
 	}})
