@@ -309,16 +309,17 @@ func TestStopsBoundMeetingARateLimitLeavesARoleMentionForTheNextStart(t *testing
 	}, discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
 	p.SetRecord(store.record)
 	forgetRoles(t, p, recentGuild)
-	p.mu.Lock()
-	// Past the stop's bound, within restTimeout: outside a stop, the lookup waits it out.
-	p.limited[discordgo.EndpointGuildRoles(recentGuild)] = time.Now().Add(2 * stopNoticeTimeout)
-	p.mu.Unlock()
 	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
 	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
 	<-h.started
 	m := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "a question", MentionRoles: []string{botRole}})
 	waitQueued(t, p, "the mention queued behind the held delivery", 1)
+	// Past the stop's bound, within restTimeout: outside a stop, the lookup waits it out. Set
+	// as the stop begins, as the bound runs from there: set at the test's start, the seconds a
+	// loaded host took to get here (the READY, its backfill) ran the limit down within the
+	// bound, and the lookup waited it out and asked Discord.
+	limitRoles(p, 2*stopNoticeTimeout)
 	onStopWait(t, func() {
 		h.drain()
 		close(h.release)
@@ -361,15 +362,13 @@ func TestStopCuttingARoleLookupShortWithBackfillOffSaysSo(t *testing.T) {
 		discordtest.WithHeartbeatInterval(discordtest.DefaultHeartbeatInterval))
 	p.SetRecord(newUnreadStore().record)
 	forgetRoles(t, p, recentGuild)
-	p.mu.Lock()
-	p.limited[discordgo.EndpointGuildRoles(recentGuild)] = time.Now().Add(2 * stopNoticeTimeout)
-	p.mu.Unlock()
 	alice := discordtest.User{ID: "400000000000000001", Username: "alice"}
 	bob := discordtest.User{ID: "400000000000000002", Username: "bob"}
 	srv.Post(discordtest.UserMessage{ChannelID: "300000000000000001", Author: alice, Content: "first"})
 	<-h.started
 	m := srv.Post(discordtest.UserMessage{ChannelID: channel, Author: bob, Content: "a question", MentionRoles: []string{botRole}})
 	waitQueued(t, p, "the mention queued behind the held delivery", 1)
+	limitRoles(p, 2*stopNoticeTimeout) // as the stop begins (see above)
 	onStopWait(t, func() {
 		h.drain()
 		close(h.release)
@@ -383,4 +382,11 @@ func TestStopCuttingARoleLookupShortWithBackfillOffSaysSo(t *testing.T) {
 	if sent := srv.Sent(channel); len(sent) != 0 {
 		t.Errorf("the bot posted %q, want nothing (it may be chatter)", contentsOf(sent))
 	}
+}
+
+// limitRoles has Discord rate limit the roles route of recentGuild for d from now.
+func limitRoles(p *Platform, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.limited[discordgo.EndpointGuildRoles(recentGuild)] = time.Now().Add(d)
 }
