@@ -169,7 +169,10 @@ func rawTurns(n, m int, texts []string) [][]persistence.Op {
 					ops = append(ops, op)
 				}
 			}
-			ops = append(ops, &persistence.MarkDelivery{SessionKey: s.Key, Seq: int64(k + 1), State: persistence.DeliveryDelivered, At: at})
+			// Delivered at its first try, as the daemon's marks say (MarkDelivery.Attempt): a
+			// mark without the number is an older binary's, which the store counts otherwise.
+			ops = append(ops, &persistence.MarkDelivery{SessionKey: s.Key, Seq: int64(k + 1), State: persistence.DeliveryDelivered, At: at,
+				Attempt: 1})
 			turns = append(turns, ops)
 		}
 	}
