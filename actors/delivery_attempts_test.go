@@ -47,6 +47,7 @@ type attemptsWorld struct {
 	spool  *spool.Spool
 	system *actor.ActorSystem
 	p      *flakyPlatform
+	d      *Deps
 	pid    *actor.PID
 }
 
@@ -72,6 +73,7 @@ func newAttemptsWorld(t *testing.T, attempts int) *attemptsWorld {
 	w := &attemptsWorld{store: store, out: &storetest.Outage{}, spool: sp, system: system,
 		p: &flakyPlatform{Fake: platformtest.NewFake("fake")}}
 	d := &Deps{Ctx: ctx, Store: store, Log: quiet, Metrics: metrics.New("fake")}
+	w.d = d
 	d.Persist = system.Root.Spawn(actor.PropsFromProducer(persistence.NewActor(ctx, w.out.Wrap(store),
 		persistence.ActorOptions{MaxBatch: 64, Spool: sp, Spooling: &d.Spooling, ReplayEvery: time.Second})))
 	w.pid = system.Root.Spawn(NewPlatform(d, w.p, &PlatformHealth{}))
@@ -141,6 +143,39 @@ func TestDeliveryRetriedCountsItsTries(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStopRecordsTheTriesOfAReplyStillPending: a reply whose sends keep failing when the daemon
+// stops stays pending, to be sent again at the next start, with the sends tried for it
+// counted; the next run, which gets it with those attempts from its loading session, counts its
+// tries on from them. Before, the stop recorded nothing: the entry showed 0 attempts, and 1
+// once the next run delivered it at its first try.
+func TestStopRecordsTheTriesOfAReplyStillPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newAttemptsWorld(t, 0)
+		const failing = 100
+		w.p.transient.Store(failing)
+		w.send(t) // a minute of tries, which all fail
+		tried := failing - int(w.p.transient.Load())
+		if tried < 2 {
+			t.Fatalf("%d sends tried in a minute, want a few", tried)
+		}
+		if err := w.system.Root.PoisonFuture(w.pid).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // the persistence actor's commit of the stop's marks
+		synctest.Wait()
+		if e := w.entry(t); e.State != persistence.DeliveryPending || e.Attempts != tried {
+			t.Errorf("outbox entry %s with %d attempts after the stop, want pending with %d (its tries)", e.State, e.Attempts, tried)
+		}
+
+		w.p.transient.Store(0)
+		w.pid = w.system.Root.Spawn(NewPlatform(w.d, w.p, &PlatformHealth{})) // the next run's
+		w.send(t)
+		if e := w.entry(t); e.State != persistence.DeliveryDelivered || e.Attempts != tried+1 {
+			t.Errorf("outbox entry %s with %d attempts once the next run delivered it, want delivered with %d", e.State, e.Attempts, tried+1)
+		}
+	})
 }
 
 // TestReplayedDeliveryMarkCountsOnce: the write of a reply's mark commits, but its answer is

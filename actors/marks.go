@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -218,6 +219,23 @@ func (a *Platform) onMarksWritten(c actor.Context, r *persistence.WriteResult) {
 	}
 	a.flushMarks(c)
 	a.answerQuiesce(c)
+}
+
+// markTries queues, as the actor stops, a mark of the sends tried for each reply it still
+// holds (a retry held, or a send whose result the stop cuts): the entry stays pending, and is
+// sent again when its session next loads, which hands it over with these attempts
+// (SendOutbound.Attempts) for that run to count its tries on from. Before, only a reply's last
+// mark (delivered, or failed for good) counted its tries, and those of the runs that stopped
+// before it were lost (TestStopRecordsTheTriesOfAReplyStillPending).
+func (a *Platform) markTries() {
+	for _, key := range slices.Sorted(maps.Keys(a.queues)) {
+		for _, j := range a.queues[key] {
+			if j.draftTurn == "" && j.out.Seq != 0 && j.tries > j.loaded {
+				a.marks.waiting = append(a.marks.waiting, &persistence.MarkDelivery{SessionKey: key, Seq: j.out.Seq,
+					State: persistence.DeliveryPending, At: a.d.now(), Attempt: j.tries})
+			}
+		}
+	}
 }
 
 // onMarksRetry writes again the marks the store refused as unavailable.

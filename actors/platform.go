@@ -75,6 +75,9 @@ type job struct {
 	// (MarkDelivery.Attempt, at least 1), so that a mark applied twice (a spool replay of a
 	// batch that was committed) counts them once.
 	tries int
+	// loaded are the tries it came with (SendOutbound.Attempts): a stop that finds tries
+	// beyond them records them (markTries).
+	loaded int
 }
 
 var (
@@ -201,7 +204,7 @@ func (a *Platform) Receive(c actor.Context) {
 		if d := a.drafts[out.TurnID]; d != nil && d.key == k {
 			d.replied = true // its final outbound is queued: it no longer waits for it (finishWait)
 		}
-		a.queues[k] = append(a.queues[k], &job{out: out, tries: m.Attempts})
+		a.queues[k] = append(a.queues[k], &job{out: out, tries: m.Attempts, loaded: m.Attempts})
 		a.pump(c, k)
 	case *sendDone:
 		a.onSent(c, m)
@@ -251,6 +254,7 @@ func (a *Platform) Receive(c actor.Context) {
 		a.marks.paused = false
 		a.warnUnsureDrafts()
 		a.marks.waiting = append(a.marks.waiting, a.records.take()...)
+		a.markTries()
 		a.flushMarks(c) // the persistence actor stops after the platforms: it still takes them
 		// No re-send tick can reach a stopped actor; a pending one would only hold the actor
 		// system until it fired.

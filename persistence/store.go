@@ -158,7 +158,7 @@ type Route struct {
 // is undelivered while its State is DeliveryPending; once delivered it stays delivered. Attempts
 // counts the sends tried to deliver it as of its last mark (MarkDelivery.Attempt): the tries of
 // a pending entry that failed and were retried are counted by the mark that ends them (delivered,
-// or failed for good).
+// or failed for good), or by the stop of a run that leaves it pending for the next.
 type OutboxEntry struct {
 	SessionKey  string
 	Seq         int64
@@ -382,7 +382,9 @@ type AddUsage struct {
 // entry's Attempts become the larger of the stored count and Attempt, so re-applying a mark (a
 // write re-sent, or a spool replay of a batch that was committed) counts its attempt once, and a
 // late mark of an earlier attempt never lowers the count. Delivered is final: marking a
-// delivered entry (with any state) changes nothing, not even its attempts.
+// delivered entry (with any state) changes nothing, not even its attempts. A mark with the
+// state DeliveryPending only counts (a stop's, of a reply it leaves to the next start, its tries
+// so far): it leaves the entry's state as it is, so a failed entry stays failed.
 type MarkDelivery struct {
 	SessionKey string
 	Seq        int64

@@ -61,8 +61,9 @@ const (
 		ON CONFLICT (session_key, seq) DO NOTHING`
 	// Delivered is final: a late failure report or a re-sent mark does not undo it. The
 	// attempts keep the larger count, so a mark applied again counts its attempt once; a mark
-	// without a number (0: spooled by an older binary) counts one more, as it always did.
-	markDeliverySQL = `UPDATE outbox SET state = $1::text,
+	// without a number (0: spooled by an older binary) counts one more, as it always did. A
+	// pending mark only counts (a stop's, of a reply it leaves to send): a failed entry stays so.
+	markDeliverySQL = `UPDATE outbox SET state = CASE WHEN $1::text = 'pending' THEN state ELSE $1::text END,
 			delivered_at = CASE WHEN $1::text = 'delivered' THEN $2::bigint ELSE delivered_at END,
 			attempts = CASE WHEN $5::integer > 0 THEN GREATEST(attempts, $5::integer) ELSE attempts + 1 END
 		WHERE session_key = $3 AND seq = $4 AND state <> 'delivered'`

@@ -88,8 +88,9 @@ var writeSQL = [numStmts]string{
 		ON CONFLICT (session_key, seq) DO NOTHING`,
 	// Delivered is final: a late failure report or a re-sent mark does not undo it. The
 	// attempts keep the larger count, so a mark applied again counts its attempt once; a mark
-	// without a number (0: spooled by an older binary) counts one more, as it always did.
-	stMarkDelivery: `UPDATE outbox SET state = ?1,
+	// without a number (0: spooled by an older binary) counts one more, as it always did. A
+	// pending mark only counts (a stop's, of a reply it leaves to send): a failed entry stays so.
+	stMarkDelivery: `UPDATE outbox SET state = CASE WHEN ?1 = 'pending' THEN state ELSE ?1 END,
 			delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 ELSE delivered_at END,
 			attempts = CASE WHEN ?5 > 0 THEN MAX(attempts, ?5) ELSE attempts + 1 END
 		WHERE session_key = ?3 AND seq = ?4 AND state <> 'delivered'`,

@@ -26,7 +26,8 @@
 // the zero time does nothing; an AppendMessage whose (session id, seq) holds a different row
 // fails with ErrConflict. SetAttempts, and MarkDelivery with its Attempt, keep the larger count;
 // only what an older binary's spool may hold counts each application (IncrementAttempts, and a
-// MarkDelivery without its Attempt, of a non-delivered entry); AddUsage adds a turn's tokens to its
+// MarkDelivery without its Attempt, of a non-delivered entry); a pending MarkDelivery only counts,
+// and leaves the entry's state as it is; AddUsage adds a turn's tokens to its
 // session once (turn_usage remembers the turns recorded). Pending messages are the active ones:
 // an archived message is never re-run.
 //

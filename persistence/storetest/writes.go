@@ -149,7 +149,9 @@ func testCounters(t *testing.T, s persistence.Store) {
 // testDeliveryAttempts: a MarkDelivery with its attempt's number keeps the larger count, so a
 // mark applied twice (a write re-sent, a spool replay of a batch that was committed) counts its
 // attempt once and a late mark of an earlier attempt does not lower it; a mark without a number
-// (an older binary's spool) still counts one more; delivered stays final.
+// (an older binary's spool) still counts one more; delivered stays final. A pending mark (a
+// stop's, of a reply still to send) counts but changes no state: before, it made a failed
+// entry pending again, to be sent again.
 func testDeliveryAttempts(t *testing.T, s persistence.Store) {
 	ctx := context.Background()
 	start(t, s, "s1", "k1", 1)
@@ -157,6 +159,7 @@ func testDeliveryAttempts(t *testing.T, s persistence.Store) {
 	mark := func(state string, attempt int) *persistence.MarkDelivery {
 		return &persistence.MarkDelivery{SessionKey: "k1", Seq: 1, State: state, At: at(4), Attempt: attempt}
 	}
+	pending := persistence.DeliveryPending
 	failed := persistence.DeliveryFailed
 	delivered := persistence.DeliveryDelivered
 	steps := []struct {
@@ -165,15 +168,17 @@ func testDeliveryAttempts(t *testing.T, s persistence.Store) {
 		state    string
 		attempts int
 	}{
+		{"a pending mark counts", []persistence.Op{mark(pending, 1)}, pending, 1},
 		{"attempt 2", []persistence.Op{mark(failed, 2)}, failed, 2},
 		{"attempt 2 applied again", []persistence.Op{mark(failed, 2)}, failed, 2},
 		{"attempt 2 twice in one group", []persistence.Op{mark(failed, 2), mark(failed, 2)}, failed, 2},
 		{"a late attempt 1", []persistence.Op{mark(failed, 1)}, failed, 2},
 		{"a mark without a number adds one", []persistence.Op{mark(failed, 0)}, failed, 3},
 		{"attempt 3 is no more", []persistence.Op{mark(failed, 3)}, failed, 3},
+		{"a pending mark of a failed entry only counts", []persistence.Op{mark(pending, 4)}, failed, 4},
 		{"attempt 5 delivered", []persistence.Op{mark(delivered, 5)}, delivered, 5},
 		{"attempt 5 delivered applied again", []persistence.Op{mark(delivered, 5)}, delivered, 5},
-		{"delivered is final", []persistence.Op{mark(failed, 7), mark(failed, 0)}, delivered, 5},
+		{"delivered is final", []persistence.Op{mark(failed, 7), mark(failed, 0), mark(pending, 8)}, delivered, 5},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
