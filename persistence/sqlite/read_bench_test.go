@@ -34,7 +34,7 @@ func BenchmarkLoadSession(b *testing.B) {
 			groups = append(groups, workload.Turn(ss[i], k, texts[2*n], texts[2*n+1], at))
 			if k < turns-1 { // the last reply is still to be delivered
 				groups = append(groups, []persistence.Op{&persistence.MarkDelivery{SessionKey: ss[i].Key,
-					Seq: int64(k + 1), State: persistence.DeliveryDelivered, At: at}})
+					Seq: int64(k + 1), State: persistence.DeliveryDelivered, At: at, Attempt: 1}})
 			}
 		}
 	}
