@@ -177,19 +177,17 @@ func (w *platformWorld) reply(t *testing.T, seq int64) {
 // states returns the delivery state of crashKey's outbox entries, in seq order.
 func (w *platformWorld) states(t *testing.T) string {
 	t.Helper()
-	es, err := w.store.OutboxAfter(t.Context(), crashKey, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s []string
-	for _, e := range es {
-		s = append(s, fmt.Sprintf("%d:%s", e.Seq, e.State))
-	}
-	return fmt.Sprint(s)
+	return w.outbox(t, func(e persistence.OutboxEntry) any { return e.State })
 }
 
 // attempts returns the delivery attempts of crashKey's outbox entries, in seq order.
 func (w *platformWorld) attempts(t *testing.T) string {
+	t.Helper()
+	return w.outbox(t, func(e persistence.OutboxEntry) any { return e.Attempts })
+}
+
+// outbox returns field of crashKey's outbox entries, each after its seq, in seq order.
+func (w *platformWorld) outbox(t *testing.T, field func(persistence.OutboxEntry) any) string {
 	t.Helper()
 	es, err := w.store.OutboxAfter(t.Context(), crashKey, 0, 0)
 	if err != nil {
@@ -197,7 +195,7 @@ func (w *platformWorld) attempts(t *testing.T) string {
 	}
 	var s []string
 	for _, e := range es {
-		s = append(s, fmt.Sprintf("%d:%d", e.Seq, e.Attempts))
+		s = append(s, fmt.Sprintf("%d:%v", e.Seq, field(e)))
 	}
 	return fmt.Sprint(s)
 }
